@@ -1,0 +1,117 @@
+"""The Prometheus metric catalogue of DESIGN.md, declared once as data.
+
+Two adapters read it: ``BackendMetrics`` declares the backend metrics through
+Triton's ``pb_utils.MetricFamily`` (so tritonserver, or the embedded host,
+exports them on its metrics port) and ``GatewayMetrics`` (metrics_gateway.py)
+puts the gateway metrics on a ``prometheus_client`` registry.
+
+Naming: the ``kvserve:`` prefix with a colon, as vLLM uses ``vllm:``.
+tritonserver accepts colons in custom metric names (its own vllm_backend
+declares ``vllm:prompt_tokens_total`` through ``pb_utils.MetricFamily``), so the
+same names appear on tritonserver, on the embedded host and on the gateway.
+Fallback, should a Triton build ever reject a name: ``BackendMetrics`` retries
+that family with ``:`` replaced by ``_`` (``kvserve_prompt_tokens_total``) and
+logs a warning; ``BackendMetrics.names`` tells which name was used.
+Counter names carry their ``_total`` suffix here: Triton exports names
+verbatim, and prometheus_client renders ``X_total`` for a counter named so.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+class MetricKind(enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: MetricKind
+    description: str
+    labels: tuple[str, ...] = ()  # besides the per-model labels an adapter adds
+    buckets: tuple[float, ...] | None = None  # histograms only; +Inf is implicit
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"invalid metric name {self.name!r}")
+        if (self.kind is MetricKind.HISTOGRAM) != (self.buckets is not None):
+            raise ValueError(f"{self.name}: buckets are required for histograms and only for them")
+        if self.buckets is not None and list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"{self.name}: buckets must be strictly increasing")
+
+    @property
+    def fallback_name(self) -> str:
+        return self.name.replace(":", "_")
+
+
+# Bucket boundaries as in vLLM v1 (vllm/v1/metrics/loggers.py), so dashboards
+# and SLO queries built for vLLM give comparable quantiles on kvserve.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Gateway requests: sub-ms errors up to multi-minute streams.
+HTTP_DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                         10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+C, G, H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+
+# --- backend (engine) ---
+NUM_REQUESTS_RUNNING = MetricSpec("kvserve:num_requests_running", G, "Number of requests in the running batch.")
+NUM_REQUESTS_WAITING = MetricSpec("kvserve:num_requests_waiting", G, "Number of requests waiting to be scheduled.")
+KV_CACHE_USAGE_PERC = MetricSpec("kvserve:kv_cache_usage_perc", G, "KV-cache block usage; 1 means 100 percent.")
+PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C, "Number of prefill tokens processed.")
+GENERATION_TOKENS = MetricSpec("kvserve:generation_tokens_total", C, "Number of generation tokens produced.")
+REQUEST_SUCCESS = MetricSpec("kvserve:request_success_total", C, "Number of finished requests, by finish reason.",
+                             labels=("finished_reason",))
+NUM_PREEMPTIONS = MetricSpec("kvserve:num_preemptions_total", C, "Number of request preemptions (recompute).")
+PREFIX_CACHE_QUERIES = MetricSpec("kvserve:prefix_cache_queries_total", C,
+                                  "Prompt tokens looked up in the prefix cache.")
+PREFIX_CACHE_HITS = MetricSpec("kvserve:prefix_cache_hits_total", C, "Prompt tokens found in the prefix cache.")
+TIME_TO_FIRST_TOKEN = MetricSpec("kvserve:time_to_first_token_seconds", H,
+                                 "Time from arrival at the backend to the first token, in seconds.",
+                                 buckets=TTFT_BUCKETS)
+INTER_TOKEN_LATENCY = MetricSpec("kvserve:inter_token_latency_seconds", H,
+                                 "Time between consecutive output tokens, in seconds.", buckets=ITL_BUCKETS)
+E2E_REQUEST_LATENCY = MetricSpec("kvserve:e2e_request_latency_seconds", H,
+                                 "Time from arrival at the backend to finish, in seconds.",
+                                 buckets=REQUEST_LATENCY_BUCKETS)
+REQUEST_QUEUE_TIME = MetricSpec("kvserve:request_queue_time_seconds", H,
+                                "Time spent waiting before first scheduled, in seconds.",
+                                buckets=REQUEST_LATENCY_BUCKETS)
+
+# --- gateway (HTTP) ---
+HTTP_REQUESTS = MetricSpec("kvserve:http_requests_total", C, "HTTP requests handled, by route and status.",
+                           labels=("route", "status"))
+HTTP_REQUEST_DURATION = MetricSpec("kvserve:http_request_duration_seconds", H,
+                                   "HTTP request duration including the whole stream, in seconds.",
+                                   labels=("route",), buckets=HTTP_DURATION_BUCKETS)
+HTTP_STREAMS_IN_FLIGHT = MetricSpec("kvserve:http_streams_in_flight", G, "SSE streams currently open.")
+
+del C, G, H
+
+BACKEND_METRICS: tuple[MetricSpec, ...] = (
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, PROMPT_TOKENS, GENERATION_TOKENS,
+    REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME,
+)
+GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
+CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS
+SPECS_BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
+
+# Pre-created so each series exists at 0 and rate() works from the first scrape.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+# Re-exports: one import for the catalogue and both adapters.
+from .metrics_backend import BackendMetrics  # noqa: E402
+from .metrics_gateway import GatewayMetrics, prometheus_metrics  # noqa: E402

@@ -1,0 +1,119 @@
+"""Backend metrics through Triton's ``pb_utils.MetricFamily``.
+
+The engine calls typed methods (``on_step``, ``on_finished`` ...) and never
+sees a metric name. ``pb_utils`` is passed in, not imported: inside
+tritonserver it is ``triton_python_backend_utils``, under the embedded host
+the host's module of the same name, in tests a fake.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from types import ModuleType
+from typing import Any
+
+from . import metrics as m
+
+_log = logging.getLogger(__name__)
+
+
+class BackendMetrics:
+    """Thread-safe recorder for the engine's metrics.
+
+    model_labels (e.g. ``{"model": "llm", "version": "1"}``) go on every
+    series. Counters reject negative increments with ValueError (a counter
+    that goes down is a bug upstream); zero increments are skipped.
+    """
+
+    def __init__(self, pb_utils: ModuleType | Any, model_labels: Mapping[str, str] | None = None,
+                 specs: Iterable[m.MetricSpec] = m.BACKEND_METRICS) -> None:
+        self._pb = pb_utils
+        self._model_labels = {str(k): str(v) for k, v in (model_labels or {}).items()}
+        self._lock = threading.Lock()
+        self._families: dict[str, Any] = {}
+        self._series: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.names: dict[str, str] = {}  # catalogue name -> name exported by Triton
+        for spec in specs:
+            self._families[spec.name] = self._declare(spec)
+            if not spec.labels:
+                self._get(spec)
+        for reason in m.FINISHED_REASONS:
+            if m.REQUEST_SUCCESS.name in self._families:
+                self._get(m.REQUEST_SUCCESS, reason)
+
+    def _declare(self, spec: m.MetricSpec) -> Any:
+        kind = getattr(self._pb.MetricFamily, spec.kind.name)
+        try:
+            family = self._pb.MetricFamily(name=spec.name, description=spec.description, kind=kind)
+            self.names[spec.name] = spec.name
+        except Exception as exc:  # Triton raises TritonModelException; keep serving
+            _log.warning("metric name %s rejected (%s); using %s", spec.name, exc, spec.fallback_name)
+            family = self._pb.MetricFamily(name=spec.fallback_name, description=spec.description, kind=kind)
+            self.names[spec.name] = spec.fallback_name
+        return family
+
+    def _get(self, spec: m.MetricSpec, *label_values: str) -> Any:
+        """The series of spec for label_values, created on first use (caller may hold the lock)."""
+        key = (spec.name, label_values)
+        series = self._series.get(key)
+        if series is None:
+            labels = dict(self._model_labels)
+            labels.update(zip(spec.labels, label_values))
+            family = self._families[spec.name]
+            if spec.buckets is not None:
+                series = family.Metric(labels=labels, buckets=list(spec.buckets))
+            else:
+                series = family.Metric(labels=labels)
+            self._series[key] = series
+        return series
+
+    def _inc(self, spec: m.MetricSpec, n: float, *label_values: str) -> None:
+        if n < 0:
+            raise ValueError(f"{spec.name}: negative increment {n}")
+        if n:
+            with self._lock:
+                self._get(spec, *label_values).increment(n)
+
+    def _observe(self, spec: m.MetricSpec, value: float | None) -> None:
+        if value is not None:
+            with self._lock:
+                self._get(spec).observe(max(0.0, float(value)))
+
+    # --- the engine's API ---
+
+    def on_step(self, running: int, waiting: int, kv_usage: float) -> None:
+        """Scheduler state after a step; kv_usage is a fraction in [0, 1]."""
+        with self._lock:
+            self._get(m.NUM_REQUESTS_RUNNING).set(running)
+            self._get(m.NUM_REQUESTS_WAITING).set(waiting)
+            self._get(m.KV_CACHE_USAGE_PERC).set(kv_usage)
+
+    def on_prompt_tokens(self, n: int) -> None:
+        self._inc(m.PROMPT_TOKENS, n)
+
+    def on_generation_tokens(self, n: int) -> None:
+        self._inc(m.GENERATION_TOKENS, n)
+
+    def on_finished(self, reason: str, e2e_s: float, queue_s: float | None = None,
+                    ttft_s: float | None = None) -> None:
+        """A request left the engine; None for a phase it never reached."""
+        self._inc(m.REQUEST_SUCCESS, 1, str(reason))
+        self._observe(m.E2E_REQUEST_LATENCY, e2e_s)
+        self._observe(m.REQUEST_QUEUE_TIME, queue_s)
+        self._observe(m.TIME_TO_FIRST_TOKEN, ttft_s)
+
+    def on_token_latency(self, seconds: float) -> None:
+        """Time between two consecutive output tokens of one request."""
+        self._observe(m.INTER_TOKEN_LATENCY, seconds)
+
+    def on_preemptions(self, n: int) -> None:
+        self._inc(m.NUM_PREEMPTIONS, n)
+
+    def on_prefix_cache(self, queries: int, hits: int) -> None:
+        """Prompt tokens looked up in / found in the prefix cache."""
+        if hits > queries:
+            raise ValueError(f"prefix cache hits ({hits}) exceed queries ({queries})")
+        self._inc(m.PREFIX_CACHE_QUERIES, queries)
+        self._inc(m.PREFIX_CACHE_HITS, hits)
