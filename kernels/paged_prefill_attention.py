@@ -1,0 +1,182 @@
+"""Prefill / extend attention over the paged KV cache (variable-length batch).
+
+Request b owns the flat query rows `query_start_loc[b]:query_start_loc[b+1]`
+(no padding); they are the last q_len positions of its seq_len-token context,
+whose earlier part (a cached prefix, earlier chunks) already sits in its
+blocks, and the new tokens' own K/V have been stored there too. Query row i of
+the request sits at absolute position ctx + i, ctx = seq_len - q_len, and sees
+positions <= ctx + i.
+
+One program per (query tile of BLOCK_M rows, request, query head); programs
+whose tile starts past the request's q_len exit at once, so the grid is sized
+by the longest chunk without padding the batch. Key tiles wholly before the
+tile's first query row need no causal mask; only the last few (the diagonal)
+are masked:
+
+    keys  0 ........ ctx+m0 ....... ctx+m0+BLOCK_M
+          [ unmasked tiles ][ diagonal tiles ]  (nothing past the tile's last row)
+"""
+from __future__ import annotations
+
+import torch
+
+from kvserve.kernels._triton_utils import LOG2_E, cdiv, check, check_launch, dot_options, jit, next_pow2, tl
+from kvserve.kernels.paged_attention_ref import paged_prefill_attention_torch
+
+__all__ = ["paged_prefill_attention_triton", "paged_prefill_attention_torch"]
+
+_BLOCK_N = 64
+
+
+@jit
+def _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr, v_cache_ptr, kvh,
+                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2,
+                 HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Online-softmax update of one (query tile, key tile) pair."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    toks = tok0 + offs_n
+    n_mask = toks < seq_len
+    nd_mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    page = tl.load(table_row + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    row = toks % BLOCK_SIZE
+
+    k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
+    k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    if MASKED:
+        s = tl.where((toks[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    v_off = page * stride_vb + row * stride_vt + kvh * stride_vh
+    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    scale_log2,
+    stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    m_blk = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    m0 = m_blk * BLOCK_M
+    if m0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx = seq_len - q_len
+    kvh = h // GROUP
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    md_mask = (offs_m < q_len)[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=md_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    # Padding rows (offs_m >= q_len) sit past seq_len: they see every key and
+    # are never stored, so no row of the tile is ever fully masked.
+    q_pos = ctx + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+
+    full_end = (ctx + m0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
+    for tok0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                     BLOCK_N, False, PRECISION)
+    for tok0 in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                     BLOCK_N, True, PRECISION)
+
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=md_mask)
+
+
+def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out, scale,
+                    max_query_len):
+    num_tokens, num_heads, head_size = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    batch = seq_lens.shape[0]
+    check(key_cache.dim() == 4 and value_cache.shape == key_cache.shape,
+          "KV caches must both be [num_blocks, block_size, num_kv_heads, head_size]")
+    check(key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "KV caches need a contiguous head dim")
+    check(key_cache.shape[3] == head_size, "query and KV cache head sizes differ")
+    check(num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads")
+    check(16 <= head_size <= 256, f"head size {head_size} outside 16..256")
+    check(query.stride(-1) == 1 and out.stride(-1) == 1, "query and out need a contiguous head dim")
+    check(out.shape == query.shape and out.dtype == query.dtype, "out must match query's shape and dtype")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == batch and block_tables.stride(1) == 1,
+          "block_tables must be [batch, max_blocks] with contiguous rows")
+    check(block_tables.dtype in (torch.int32, torch.int64), "block_tables must be int32 or int64")
+    check(seq_lens.dtype in (torch.int32, torch.int64), "seq_lens must be int32 or int64")
+    check(query_start_loc.shape == (batch + 1,) and query_start_loc.dtype in (torch.int32, torch.int64),
+          "query_start_loc must be [batch + 1] int")
+    interpreted = check_launch(_prefill_kernel, query, key_cache, value_cache, block_tables, seq_lens,
+                               query_start_loc, out)
+    upcast, precision = dot_options(query.dtype, interpreted)
+
+    # Short chunks (decodes mixed into the batch) get short tiles.
+    block_m = min(64, max(16, next_pow2(max_query_len)))
+    grid = (cdiv(max_query_len, block_m), batch, num_heads)
+    _prefill_kernel[grid](
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * LOG2_E,
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_D=next_pow2(head_size), BLOCK_N=_BLOCK_N,
+        UPCAST=upcast, PRECISION=precision,
+        num_warps=4 if head_size <= 64 else 8,
+    )
+
+
+def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                   query_start_loc: torch.Tensor, scale: float, *,
+                                   max_query_len: int | None = None,
+                                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """query [T, Hq, D] -> out [T, Hq, D]; same contract as `paged_prefill_attention_torch`.
+
+    `max_query_len` (from the batch metadata) sizes the grid without a device sync.
+    """
+    check(query.dim() == 3, "query must be [num_tokens, num_heads, head_size]")
+    if out is None:
+        out = torch.empty_like(query)
+    if query.shape[0] == 0 or seq_lens.shape[0] == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_query_len == 0:
+        return out
+    _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out, scale,
+                    max_query_len)
+    return out
