@@ -1,0 +1,267 @@
+"""LLMEngine: one `step()` = schedule, run the model once, sample, detokenize, stop, free.
+
+A user request with n > 1 becomes n child sequences. They share the prompt's KV
+blocks through the prefix hash index (with caching off, a per-parent cache key
+lets only the siblings share).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvserve.backend.config import EngineConfig
+from kvserve.backend.detokenizer import IncrementalDetokenizer
+from kvserve.backend.kv_cache.manager import KVCacheManager
+from kvserve.backend.model_runner import ModelRunner
+from kvserve.backend.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from kvserve.backend.request import Request, RequestStatus
+from kvserve.backend.sampler import Sampler, SamplingRow
+from kvserve.backend.sampling_params import SamplingParams
+from kvserve.backend.scheduler import Scheduler
+from kvserve.backend.tokenizer import ModelTokenizer
+
+log = logging.getLogger("kvserve.engine")
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """Engine-side companions of one child Request."""
+    request: Request
+    parent_id: str
+    index: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    pending_text: str = ""
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    reported_finish: bool = False
+
+
+@dataclass(slots=True)
+class _Group:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[str]
+    traceparent: str | None = None
+    finished_children: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.tokenizer = ModelTokenizer(config.tokenizer or config.model)
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.arch.vocab_size
+        self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len)
+        self.sampler = Sampler()
+        self.groups: dict[str, _Group] = {}
+        self.sequences: dict[str, _Sequence] = {}
+        # Token counters for metrics; the engine thread is the only writer.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # ---- admission -------------------------------------------------------------------------
+    def validate_prompt(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size for t in ids):
+                raise ValueError(f"prompt: token ids must be integers in [0, {self.vocab_size})")
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        params.check_vocab(self.vocab_size)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"context_length_exceeded: the prompt has {len(ids)} tokens; this model's "
+                             f"maximum context length is {self.max_model_len} tokens")
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"context_length_exceeded: prompt ({len(ids)} tokens) + max_tokens "
+                             f"({params.max_tokens}) exceed the maximum context length {self.max_model_len}")
+        return ids
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None, traceparent: str | None = None) -> None:
+        if request_id in self.groups:
+            raise ValueError(f"request_id: {request_id!r} is already in flight")
+        ids = self.validate_prompt(prompt, params)
+        group = _Group(request_id, prompt if isinstance(prompt, str) else None, ids, params, [],
+                       traceparent=traceparent)
+        arrival = arrival_time or time.time()
+        if self.config.enable_prefix_caching:
+            cache_key = params.cache_salt or ""
+        else:
+            cache_key = f"siblings:{request_id}" if params.n > 1 else None
+        for i in range(params.n):
+            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(child_id, ids, params, eos_token_ids=self.eos_token_ids, cache_key=cache_key)
+            req.times.arrival = arrival
+            generator = None
+            if params.seed is not None and not params.greedy:
+                generator = torch.Generator(device=self.runner.device).manual_seed(params.seed + i)
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
+                                           params.skip_special_tokens)
+            self.sequences[child_id] = _Sequence(req, request_id, i, detok, generator)
+            group.children.append(child_id)
+            self.scheduler.add_request(req)
+        self.groups[request_id] = group
+        self.prompt_tokens_total += len(ids) * params.n
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final (aborted) output."""
+        return self._finish_group(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def fail(self, request_id: str, message: str) -> RequestOutput | None:
+        out = self._finish_group(request_id, RequestStatus.FINISHED_ERROR)
+        if out is not None:
+            out.error = message
+        return out
+
+    def _finish_group(self, request_id: str, status: RequestStatus) -> RequestOutput | None:
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        outputs = []
+        for child_id in group.children:
+            seq = self.sequences[child_id]
+            if not seq.reported_finish:
+                self.scheduler.finish_request(child_id, status)
+                outputs.append(self._take_delta(seq, status.value))
+        self._drop_group(group)
+        return RequestOutput(request_id, group.prompt_token_ids, outputs, finished=True,
+                             num_cached_tokens=self._cached_tokens(group), prompt=group.prompt)
+
+    # ---- the step --------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self.groups)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._expire_timeouts()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        logits, sample_ids = self.runner.execute(sched)
+        self.scheduler.update_after_step(sched)
+        if not sample_ids:
+            return outputs
+        seqs = [self.sequences[rid] for rid in sample_ids]
+        rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
+                            s.generator, s.request.eos_token_ids) for s in seqs]
+        sampled = self.sampler(logits, rows)
+        now = time.time()
+        touched: dict[str, list[CompletionOutput]] = {}
+        for seq, tok in zip(seqs, sampled):
+            finish = self._append_token(seq, tok, now)
+            if finish is not None:
+                self.scheduler.finish_request(seq.request.request_id, finish)
+            delta = self._take_delta(seq, finish.value if finish else None)
+            touched.setdefault(seq.parent_id, []).append(delta)
+        self.generation_tokens_total += len(sampled)
+        for parent_id, deltas in touched.items():
+            group = self.groups[parent_id]
+            done = group.finished_children == len(group.children)
+            outputs.append(RequestOutput(parent_id, group.prompt_token_ids, deltas, finished=done,
+                                         num_cached_tokens=self._cached_tokens(group), prompt=group.prompt))
+            if done:
+                self._drop_group(group)
+        return outputs
+
+    def _append_token(self, seq: _Sequence, tok, now: float) -> RequestStatus | None:
+        req, params = seq.request, seq.request.sampling_params
+        req.output_token_ids.append(tok.token_id)
+        if req.times.first_token is None:
+            req.times.first_token = now
+        req.times.last_token = now
+        seq.pending_ids.append(tok.token_id)
+        if tok.logprob is not None:
+            seq.pending_logprobs.append(TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or []))
+        n_out = req.num_output_tokens
+        stop_token = n_out > params.min_tokens - 1 and (
+            tok.token_id in params.stop_token_ids or (not params.ignore_eos and tok.token_id in req.eos_token_ids))
+        if stop_token:
+            req.stop_reason = tok.token_id if tok.token_id in params.stop_token_ids else None
+            # The stop token is in token_ids but, as in vLLM, not in the text.
+            if params.include_stop_str_in_output:
+                seq.pending_text += seq.detokenizer.add_tokens([tok.token_id], finished=True).text_delta
+            else:
+                seq.pending_text += seq.detokenizer.add_tokens([], finished=True).text_delta
+            return RequestStatus.FINISHED_STOPPED
+        length_done = (params.max_tokens is not None and n_out >= params.max_tokens) or \
+            req.num_tokens >= self.max_model_len
+        result = seq.detokenizer.add_tokens([tok.token_id], finished=length_done)
+        seq.pending_text += result.text_delta
+        if result.stop_string is not None and n_out >= params.min_tokens:
+            req.stop_reason = result.stop_string
+            return RequestStatus.FINISHED_STOPPED
+        if length_done:
+            if seq.detokenizer.emitted < len(seq.detokenizer.text):
+                seq.pending_text += seq.detokenizer.add_tokens([], finished=True).text_delta
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _take_delta(self, seq: _Sequence, finish_reason: str | None) -> CompletionOutput:
+        params = seq.request.sampling_params
+        out = CompletionOutput(index=seq.index, text=seq.pending_text, token_ids=seq.pending_ids,
+                               finish_reason=finish_reason,
+                               stop_reason=seq.request.stop_reason if finish_reason else None,
+                               logprobs=seq.pending_logprobs if params.logprobs is not None else None)
+        seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
+        if finish_reason is not None and not seq.reported_finish:
+            seq.reported_finish = True
+            self.groups[seq.parent_id].finished_children += 1
+        return out
+
+    def _expire_timeouts(self) -> list[RequestOutput]:
+        now = time.time()
+        expired = [g.request_id for g in self.groups.values()
+                   if g.params.timeout is not None
+                   and now - self.sequences[g.children[0]].request.times.arrival > g.params.timeout]
+        outs = []
+        for rid in expired:
+            out = self.fail(rid, f"timeout: the request did not finish within {self.groups[rid].params.timeout} s")
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def _cached_tokens(self, group: _Group) -> int:
+        return max(self.sequences[group.children[0]].request.num_cached_tokens, 0)
+
+    def _drop_group(self, group: _Group) -> None:
+        for child_id in group.children:
+            self.sequences.pop(child_id, None)
+        self.groups.pop(group.request_id, None)
+
+    # ---- introspection for metrics, tests and the async wrapper ------------------------------
+    def request_times(self, request_id: str):
+        seq = self.sequences.get(request_id)
+        return None if seq is None else seq.request.times
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "num_requests_running": self.scheduler.num_running,
+            "num_requests_waiting": self.scheduler.num_waiting,
+            "kv_cache_usage_perc": self.kv.usage(),
+            "num_free_blocks": self.kv.num_free_blocks,
+            "num_usable_blocks": self.kv.num_usable_blocks,
+            "num_preemptions_total": self.scheduler.num_preemptions_total,
+            "prefix_cache_queries_total": self.kv.prefix_queries,
+            "prefix_cache_hits_total": self.kv.prefix_hits,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }
+
+    def recover_from_fault(self, message: str) -> list[RequestOutput]:
+        """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""
+        outs = [o for rid in list(self.groups) if (o := self.fail(rid, message)) is not None]
+        self.kv.reset_prefix_cache()
+        return outs

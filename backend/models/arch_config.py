@@ -1,0 +1,89 @@
+"""The decoder hyper-parameters read from a Hugging Face config.json, for the Llama family."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# architecture name -> (qkv bias by default, q/k norm)
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+
+
+@dataclass(slots=True)
+class ArchConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    torch_dtype: str
+    sliding_window: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> "ArchConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"model: no config.json in {model_dir}")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "ArchConfig":
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"model: architecture {arch} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        default_bias, qk_norm = SUPPORTED_ARCHITECTURES[arch]
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        # transformers >= 5 moves rope settings into "rope_parameters".
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        rope_scaling = cfg.get("rope_scaling") or None
+        rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
+        eos = cfg.get("eos_token_id")
+        eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", default_bias)),
+            qk_norm=qk_norm,
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            sliding_window=window,
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+        )
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes

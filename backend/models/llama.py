@@ -1,0 +1,86 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) over a paged KV cache.
+
+The batch is flat: T tokens of all scheduled requests concatenated, no padding.
+Attention, cache store, norms and rotary go through `ops` (torch or Triton), so
+this file holds only the model's arithmetic.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.backend.models.arch_config import ArchConfig
+from kvserve.backend.models.rope import build_cos_sin_cache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = q_size, kv_size
+        # q, k and v (and gate and up) are fused into one matmul each; the loader splices them.
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.q_norm = nn.Parameter(torch.ones(self.head_dim)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(self.head_dim)) if cfg.qk_norm else None
+
+    def forward(self, ops, x, residual, positions, cos_sin_cache, kv_cache, meta, scale):
+        if residual is None:
+            h, residual = ops.rms_norm(x, self.input_layernorm, self.eps), x
+        else:
+            h, residual = ops.rms_norm(x, self.input_layernorm, self.eps, residual)
+        qkv = self.qkv_proj(h)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = ops.rms_norm(q.contiguous(), self.q_norm, self.eps)
+            k = ops.rms_norm(k.contiguous(), self.k_norm, self.eps)
+        else:
+            q, k = q.contiguous(), k.contiguous()
+        v = v.contiguous()
+        ops.rotary(positions, q, k, cos_sin_cache, True)
+        key_cache, value_cache = kv_cache
+        ops.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        attn = ops.attention(q, key_cache, value_cache, meta, scale)
+        h = self.o_proj(attn.reshape(-1, self.q_size))
+        h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ArchConfig, max_position: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = (None if cfg.tie_word_embeddings
+                        else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
+        self.scale = cfg.head_dim ** -0.5
+        self.register_buffer("cos_sin_cache",
+                             build_cos_sin_cache(cfg.head_dim, cfg.rope_theta, max_position, cfg.rope_scaling),
+                             persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(ops, x, residual, positions, self.cos_sin_cache, kv_cache, meta, self.scale)
+        # Only the rows that sample need the final norm and the (large) vocabulary projection.
+        x, residual = x[logits_indices], residual[logits_indices]
+        h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
+        return F.linear(h, weight).float()

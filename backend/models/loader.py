@@ -1,0 +1,119 @@
+"""Load a Hugging Face model folder (config.json + *.safetensors) into LlamaForCausalLM.
+
+Only local files: no hub access. q/k/v and gate/up checkpoints tensors are
+spliced into the fused projections of the model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from kvserve.backend.models.arch_config import ArchConfig
+from kvserve.backend.models.llama import LlamaForCausalLM
+from kvserve.backend.models.rope import build_cos_sin_cache
+
+_FUSED = {
+    "self_attn.q_proj": ("qkv_proj", 0), "self_attn.k_proj": ("qkv_proj", 1),
+    "self_attn.v_proj": ("qkv_proj", 2), "mlp.gate_proj": ("gate_up_proj", 0),
+    "mlp.up_proj": ("gate_up_proj", 1),
+}
+_RENAMED = {
+    "self_attn.o_proj.weight": "o_proj.weight", "mlp.down_proj.weight": "down_proj.weight",
+    "input_layernorm.weight": "input_layernorm", "post_attention_layernorm.weight": "post_attention_layernorm",
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+}
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"model: no *.safetensors files in {model_dir}")
+    return files
+
+
+def _shard_slices(model: LlamaForCausalLM, fused: str) -> list[tuple[int, int]]:
+    layer = model.layers[0]
+    if fused == "qkv_proj":
+        sizes = [layer.q_size, layer.kv_size, layer.kv_size]
+    else:
+        sizes = [layer.gate_up_proj.out_features // 2] * 2
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice | None] | None:
+    """The parameter (and row slice for fused ones) a checkpoint tensor goes into."""
+    name = name.removeprefix("model.")
+    if name == "embed_tokens.weight":
+        return model.embed_tokens.weight, None
+    if name == "norm.weight":
+        return model.norm, None
+    if name == "lm_head.weight":
+        return (None if model.lm_head is None else (model.lm_head, None))
+    if not name.startswith("layers."):
+        return None
+    _, idx, rest = name.split(".", 2)
+    layer = model.layers[int(idx)]
+    for prefix, (fused, shard) in _FUSED.items():
+        if rest.startswith(prefix + "."):
+            start, end = _shard_slices(model, fused)[shard]
+            param = getattr(layer, fused).weight if rest.endswith("weight") else getattr(layer, fused).bias
+            return param, slice(start, end)
+    if rest in _RENAMED:
+        attr = _RENAMED[rest]
+        obj = layer
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj, None
+    if rest.startswith("self_attn.rotary_emb"):
+        return None
+    raise ValueError(f"model: unexpected tensor {name!r} in checkpoint")
+
+
+def _fully_loaded(model: LlamaForCausalLM, name: str, param: torch.Tensor,
+                  loaded: set[tuple[int, int | None]]) -> bool:
+    for fused in ("qkv_proj", "gate_up_proj"):
+        if f".{fused}." in name:
+            return all((id(param), start) in loaded for start, _ in _shard_slices(model, fused))
+    return (id(param), None) in loaded
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
+               max_position: int) -> tuple[LlamaForCausalLM, ArchConfig]:
+    model_dir = Path(model_dir)
+    cfg = ArchConfig.from_model_dir(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_position)
+    model = model.to_empty(device=device)
+    # to_empty left the buffer uninitialised: rebuild the rotary table.
+    model.cos_sin_cache = build_cos_sin_cache(cfg.head_dim, cfg.rope_theta, max_position,
+                                              cfg.rope_scaling).to(device)
+    loaded: set[tuple[int, int | None]] = set()
+    with torch.no_grad():
+        for path in safetensors_files(model_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    target = _target(model, name)
+                    if target is None:
+                        continue
+                    param, rows = target
+                    tensor = f.get_tensor(name)
+                    dest = param if rows is None else param[rows]
+                    if dest.shape != tensor.shape:
+                        raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, "
+                                         f"expected {tuple(dest.shape)}")
+                    dest.copy_(tensor)
+                    loaded.add((id(param), None if rows is None else rows.start))
+    missing = [n for n, p in model.named_parameters() if not _fully_loaded(model, n, p, loaded)]
+    if missing:
+        raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    model = model.to(dtype)
+    model.cos_sin_cache = model.cos_sin_cache.float()
+    return model.eval(), cfg

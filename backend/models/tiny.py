@@ -1,0 +1,179 @@
+"""`kvserve make-tiny-model DIR`: a deterministic small model in the Hugging Face layout.
+
+Random weights (seeded), a byte-level BPE tokenizer trained on the corpus
+shipped with kvserve, and a ChatML chat template. It is loaded by the same code
+as a real checkpoint; it is the built-in default model and the test model.
+Writing is atomic (temporary folder, then rename) so concurrent callers agree.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+@dataclass(slots=True)
+class TinySpec:
+    arch: str = "llama"
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int | None = None
+    vocab_size: int = 512
+    max_position: int = 2048
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"
+    rope_theta: float = 10000.0
+    seed: int = 0
+
+
+def train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = _CORPUS.read_text(encoding="utf-8")
+    tok.train_from_iterator([line for line in text.splitlines() if line], trainer=trainer)
+    return tok
+
+
+def _weights(spec: TinySpec, vocab: int, head_dim: int) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(spec.seed)
+    dtype = getattr(torch, spec.dtype)
+
+    def rand(*shape, std=None):
+        std = std if std is not None else shape[-1] ** -0.5
+        return (torch.randn(*shape, generator=g) * std).to(dtype)
+
+    def norm(n):
+        return (1.0 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+
+    h, inter = spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_heads * head_dim, spec.num_kv_heads * head_dim
+    w = {"model.embed_tokens.weight": rand(vocab, h, std=1.0), "model.norm.weight": norm(h)}
+    if not spec.tie_word_embeddings:
+        w["lm_head.weight"] = rand(vocab, h)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = rand(q, h)
+        w[p + "self_attn.k_proj.weight"] = rand(kv, h)
+        w[p + "self_attn.v_proj.weight"] = rand(kv, h)
+        w[p + "self_attn.o_proj.weight"] = rand(h, q)
+        if spec.arch == "qwen2":
+            for name, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                w[p + f"self_attn.{name}.bias"] = rand(n, std=0.1)
+        if spec.arch == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+        w[p + "mlp.gate_proj.weight"] = rand(inter, h)
+        w[p + "mlp.up_proj.weight"] = rand(inter, h)
+        w[p + "mlp.down_proj.weight"] = rand(h, inter)
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+    return {k: v.contiguous() for k, v in w.items()}
+
+
+def _config(spec: TinySpec, vocab: int, head_dim: int, eos: list[int], bos: int) -> dict:
+    cfg = {
+        "architectures": [_ARCHS[spec.arch]], "model_type": spec.arch,
+        "vocab_size": vocab, "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": head_dim, "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position, "rms_norm_eps": 1e-6, "rope_theta": spec.rope_theta,
+        "tie_word_embeddings": spec.tie_word_embeddings, "torch_dtype": spec.dtype,
+        "bos_token_id": bos, "eos_token_id": eos, "attention_dropout": 0.0,
+    }
+    if spec.arch == "llama":
+        cfg.update(attention_bias=False, mlp_bias=False)
+    if spec.arch == "mistral":
+        cfg["sliding_window"] = None
+    return cfg
+
+
+def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
+    """Write the model into out_dir unless it already holds this exact spec. Returns out_dir."""
+    from safetensors.torch import save_file
+
+    spec = spec or TinySpec()
+    if spec.arch not in _ARCHS:
+        raise ValueError(f"arch: must be one of {sorted(_ARCHS)}")
+    out = Path(out_dir)
+    marker = out / "kvserve_tiny.json"
+    if marker.is_file() and json.loads(marker.read_text()) == asdict(spec):
+        return out
+    tok = train_tokenizer(spec.vocab_size)
+    vocab = tok.get_vocab_size()
+    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
+    eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
+    bos = tok.token_to_id("<|endoftext|>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        tok.save(str(tmp / "tokenizer.json"))
+        save_file(_weights(spec, vocab, head_dim), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(_config(spec, vocab, head_dim, eos, bos), indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "bos_token_id": bos}))
+        (tmp / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>", "add_bos_token": False, "chat_template": _CHAT_TEMPLATE,
+            "model_max_length": spec.max_position,
+        }, indent=2))
+        (tmp / "kvserve_tiny.json").write_text(json.dumps(asdict(spec)))
+        if out.exists():
+            shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not marker.is_file():
+            raise
+    return out
+
+
+def default_model_dir() -> Path:
+    base = os.environ.get("KVSERVE_CACHE_DIR") or str(Path.home() / ".cache" / "kvserve")
+    return Path(base) / "tiny-default"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvserve make-tiny-model", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", default=None, help="default: the built-in model's cache folder")
+    for f, default in asdict(TinySpec()).items():
+        flag = "--" + f.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            kind = int if f in ("head_dim",) else type(default)
+            parser.add_argument(flag, type=kind, default=default)
+    args = vars(parser.parse_args(argv))
+    out_dir = args.pop("out_dir") or default_model_dir()
+    path = make_tiny_model(out_dir, TinySpec(**args))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

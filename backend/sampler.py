@@ -1,0 +1,149 @@
+"""Batched sampling from the logits of the requests that sample this step.
+
+Order of operations (as in vLLM): logit bias and min_tokens EOS masking,
+repetition / presence / frequency penalties, temperature, then top-k, top-p and
+min-p filtering, then a draw. Logprobs are those of the raw model distribution.
+
+Per-request seeds use a private torch.Generator that only that request
+advances, so a seeded request yields the same tokens whatever else shares its
+batch. Unseeded rows draw together with the exponential-race trick
+(argmax(p / Exp(1)) is a sample from p), one kernel for the whole batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.backend.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None
+    eos_ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), best first
+
+
+def _bool_mask(rows: int, vocab: int, indices: list[list[int]], device) -> torch.Tensor:
+    mask = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+    for i, ids in enumerate(indices):
+        if ids:
+            mask[i, torch.tensor(ids, device=device)] = True
+    return mask
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    vocab = logits.shape[1]
+    need_rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    need_pf = [i for i, r in enumerate(rows)
+               if r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0]
+    if need_rep:
+        idx = torch.tensor(need_rep, device=logits.device)
+        seen = _bool_mask(len(need_rep), vocab, [rows[i].prompt_ids + rows[i].output_ids for i in need_rep],
+                          logits.device)
+        penalty = torch.tensor([rows[i].params.repetition_penalty for i in need_rep],
+                               device=logits.device)[:, None]
+        sub = logits[idx]
+        penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
+        logits[idx] = torch.where(seen, penalised, sub)
+    if need_pf:
+        idx = torch.tensor(need_pf, device=logits.device)
+        counts = torch.zeros(len(need_pf), vocab, device=logits.device)
+        for j, i in enumerate(need_pf):
+            if rows[i].output_ids:
+                ids = torch.tensor(rows[i].output_ids, device=logits.device)
+                counts[j].index_add_(0, ids, torch.ones_like(ids, dtype=counts.dtype))
+        freq = torch.tensor([rows[i].params.frequency_penalty for i in need_pf], device=logits.device)[:, None]
+        pres = torch.tensor([rows[i].params.presence_penalty for i in need_pf], device=logits.device)[:, None]
+        logits[idx] = logits[idx] - freq * counts - pres * (counts > 0).float()
+
+
+def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """top-k, top-p and min-p on temperature-scaled logits; filtered entries become -inf."""
+    vocab = logits.shape[1]
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=logits.device)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
+    min_p = torch.tensor([r.params.min_p for r in rows], device=logits.device)
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        drop = ranks >= top_k[:, None]
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (always at least the best token).
+        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+        drop[:, 0] = False
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        logits = logits.float()
+        raw_logprobs = None
+        if any(r.params.logprobs is not None for r in rows):
+            raw_logprobs = logits.log_softmax(dim=-1)
+        logits = logits.clone()
+        self._bias_and_min_tokens(logits, rows)
+        _apply_penalties(logits, rows)
+
+        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
+        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows],
+                             device=logits.device)
+        token_ids = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            scaled = _filter(logits / temps[:, None], rows)
+            probs = scaled.softmax(dim=-1)
+            noise = torch.empty_like(probs)
+            for i, r in enumerate(rows):
+                if r.generator is not None:
+                    noise[i].exponential_(generator=r.generator)
+            unseeded = torch.tensor([r.generator is None for r in rows], device=logits.device)
+            if bool(unseeded.any()):
+                fresh = torch.empty_like(probs).exponential_()
+                noise = torch.where(unseeded[:, None], fresh, noise)
+            sampled = (probs / noise).argmax(dim=-1)
+            token_ids = torch.where(greedy, token_ids, sampled)
+        return self._package(token_ids.tolist(), raw_logprobs, rows)
+
+    @staticmethod
+    def _bias_and_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias.keys()), device=logits.device)
+                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device,
+                                               dtype=logits.dtype)
+            if len(r.output_ids) < p.min_tokens:
+                banned = [t for t in (set(p.stop_token_ids) | (set() if p.ignore_eos else r.eos_ids))]
+                if banned:
+                    logits[i, torch.tensor(banned, device=logits.device)] = float("-inf")
+
+    @staticmethod
+    def _package(token_ids: list[int], raw_logprobs: torch.Tensor | None,
+                 rows: list[SamplingRow]) -> list[SampledToken]:
+        out = []
+        for i, (token_id, r) in enumerate(zip(token_ids, rows)):
+            if raw_logprobs is None or r.params.logprobs is None:
+                out.append(SampledToken(token_id))
+                continue
+            row = raw_logprobs[i]
+            top: list[tuple[int, float]] = []
+            if r.params.logprobs > 0:
+                values, ids = row.topk(r.params.logprobs)
+                top = list(zip(ids.tolist(), values.tolist()))
+            out.append(SampledToken(token_id, float(row[token_id]), top))
+        return out

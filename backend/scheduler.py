@@ -1,0 +1,165 @@
+"""Iteration-level scheduler: one token budget per step over RUNNING, then WAITING.
+
+Prompt and generated tokens are treated alike: each step gives every chosen
+request a number of tokens to compute (a prefill chunk or one decode token),
+so chunked prefill and decodes share one forward pass. When KV blocks run out,
+the newest running request is preempted (its blocks freed, recomputed later).
+Never touches tensors.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvserve.backend.kv_cache.manager import KVCacheManager
+from kvserve.backend.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """What the model runner needs to compute one request's tokens this step."""
+    request_id: str
+    token_ids: list[int]       # the tokens to compute, positions start .. start+len-1
+    start_position: int        # = num_computed_tokens before this step
+    block_ids: list[int]       # the request's whole block table
+    samples: bool              # True when this chunk reaches the end of the known tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    new_request_ids: list[str] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_last_step: list[str] = []
+        self.num_preemptions_total = 0
+
+    def add_request(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_since_last_step)
+        self._finished_since_last_step = []
+        budget = self.max_num_batched_tokens
+        now = time.time()
+
+        # 1. Running requests, oldest first; preempt from the newest end when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                if self.kv.allocate_slots(req, num_new) is not None:
+                    self._emit(out, req, num_new)
+                    budget -= num_new
+                    i += 1
+                    break
+                victim = self.running.pop()
+                self._preempt(victim, now, out)
+                if victim is req:
+                    break
+
+        # 2. Waiting requests in arrival order; stop at the first that does not fit (FCFS).
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+            remaining = req.num_tokens - req.num_computed_tokens - num_hit_tokens
+            num_new = min(remaining, budget)
+            if self.kv.allocate_slots(req, num_new, hits) is None:
+                break
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit_tokens
+            req.num_computed_tokens += num_hit_tokens
+            if req.times.first_scheduled is None:
+                req.times.first_scheduled = now
+                out.new_request_ids.append(req.request_id)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._emit(out, req, num_new)
+            budget -= num_new
+        return out
+
+    def _emit(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
+        start = req.num_computed_tokens
+        out.scheduled.append(ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.token_ids_slice(start, start + num_new),
+            start_position=start,
+            block_ids=list(req.block_ids),
+            samples=start + num_new == req.num_tokens,
+        ))
+        out.num_scheduled_tokens[req.request_id] = num_new
+
+    def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.times.preemptions.append(now)
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(req)
+        out.preempted_request_ids.append(req.request_id)
+        # Its chunk may already be in this step's output if it ran earlier in the loop.
+        if req.request_id in out.num_scheduled_tokens:
+            del out.num_scheduled_tokens[req.request_id]
+            out.scheduled = [s for s in out.scheduled if s.request_id != req.request_id]
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance num_computed_tokens of every request that ran (before sampling appends tokens)."""
+        for sched in out.scheduled:
+            req = self.requests.get(sched.request_id)
+            if req is not None and not req.is_finished:
+                req.num_computed_tokens += len(sched.token_ids)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Remove a request (finished or aborted) and free its blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        req.times.finished = time.time()
+        self.kv.free(req)
+        self._finished_since_last_step.append(request_id)
+        return req

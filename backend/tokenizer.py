@@ -1,0 +1,58 @@
+"""The model's tokenizer as the engine needs it: encode, decode ids, special tokens, EOS ids.
+
+Uses the `tokenizers` library on tokenizer.json directly (fast, no transformers
+import), with tokenizer_config.json / generation_config.json for the special
+tokens that tokenizer.json does not carry.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older tokenizer configs
+        return value.get("content")
+    return value
+
+
+class ModelTokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"model: no tokenizer.json in {model_dir}")
+        self._tok = Tokenizer.from_file(str(path))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        cfg = _read_json(model_dir / "tokenizer_config.json")
+        gen = _read_json(model_dir / "generation_config.json")
+        model_cfg = _read_json(model_dir / "config.json")
+        eos: set[int] = set()
+        for source in (gen.get("eos_token_id"), model_cfg.get("eos_token_id")):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, list):
+                eos.update(int(t) for t in source)
+        eos_text = _token_text(cfg.get("eos_token"))
+        if eos_text and self._tok.token_to_id(eos_text) is not None:
+            eos.add(self._tok.token_to_id(eos_text))
+        self.eos_token_ids = frozenset(eos)
+        self.special_ids = frozenset(t.id if hasattr(t, "id") else k
+                                     for k, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        return self._tok.id_to_token(token_id) or ""

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny models in the Hugging Face layout, made once per test session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvserve.backend.models.tiny import TinySpec, make_tiny_model
+
+# One cache for the whole run (and across xdist workers/subprocesses): models are deterministic.
+MODEL_CACHE = Path(os.environ.get("KVSERVE_TEST_MODELS", Path(__file__).resolve().parent.parent / ".cache" / "test-models"))
+
+SPECS = {
+    "llama": TinySpec(arch="llama"),
+    "qwen2": TinySpec(arch="qwen2", num_heads=4, num_kv_heads=1, tie_word_embeddings=True, seed=1),
+    "qwen3": TinySpec(arch="qwen3", num_heads=4, num_kv_heads=2, head_dim=32, seed=2),
+    "mistral": TinySpec(arch="mistral", num_heads=8, num_kv_heads=8, seed=3),
+}
+
+
+def tiny_model(name: str) -> str:
+    return str(make_tiny_model(MODEL_CACHE / name, SPECS[name]))
+
+
+@pytest.fixture(scope="session")
+def llama_dir() -> str:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir() -> str:
+    return tiny_model("qwen2")
