@@ -1,0 +1,92 @@
+"""The seam for `--compare`: offline baselines run on the exact prompts the
+serving benchmark used, and results are reported as ratios (DESIGN.md:
+"benchmarks are ratios measured side by side in one run").
+
+A baseline is just a callable over the whole prompt list, because batching is
+the very thing the baselines differ in: transformers one-at-a-time loops,
+transformers static batching pads fixed groups, kvserve's `LLM.generate`
+takes everything at once. The engine and those baselines do not exist yet, so
+the CLI flag only reports that; this module is what they will plug into.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from kvserve.loadtests.bench_request import BenchRequest
+
+PLANNED_BASELINES = ("hf-serial", "hf-static-batch", "kvserve-offline")
+
+
+class CompareUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    index: int  # BenchRequest.index it answers
+    output_tokens: int
+    text: str = ""
+
+
+# Takes every request (text + expected output length), returns one output each.
+GenerateFn = Callable[[Sequence[BenchRequest]], Sequence[GenerationOutput]]
+
+
+@dataclass(slots=True)
+class OfflineResult:
+    label: str
+    num_requests: int
+    duration: float
+    total_prompt_tokens: int
+    total_output_tokens: int
+
+    @property
+    def request_throughput(self) -> float:
+        return self.num_requests / self.duration if self.duration > 0 else 0.0
+
+    @property
+    def output_throughput(self) -> float:
+        return self.total_output_tokens / self.duration if self.duration > 0 else 0.0
+
+
+def run_offline(label: str, requests: Sequence[BenchRequest], generate: GenerateFn) -> OfflineResult:
+    started = time.perf_counter()
+    outputs = list(generate(requests))
+    duration = time.perf_counter() - started
+    if sorted(o.index for o in outputs) != sorted(r.index for r in requests):
+        raise ValueError(f"baseline {label!r} must return exactly one output per request")
+    return OfflineResult(
+        label=label,
+        num_requests=len(requests),
+        duration=duration,
+        total_prompt_tokens=sum(r.prompt_len for r in requests),
+        total_output_tokens=sum(o.output_tokens for o in outputs),
+    )
+
+
+def run_comparison(requests: Sequence[BenchRequest], baselines: Mapping[str, GenerateFn]) -> list[OfflineResult]:
+    """Runs each baseline in turn on the same list, in the mapping's order."""
+    return [run_offline(label, requests, fn) for label, fn in baselines.items()]
+
+
+def format_comparison(results: Sequence[OfflineResult], reference: str | None = None) -> str:
+    """Output-token throughput of each run relative to `reference` (default: the first)."""
+    if not results:
+        return "(no baselines ran)"
+    ref = next((r for r in results if r.label == reference), results[0])
+    lines = [f"{'baseline':<22}{'req/s':>10}{'out tok/s':>12}{'vs ' + ref.label:>20}"]
+    for r in results:
+        ratio = r.output_throughput / ref.output_throughput if ref.output_throughput > 0 else float("nan")
+        lines.append(f"{r.label:<22}{r.request_throughput:>10.2f}{r.output_throughput:>12.1f}{ratio:>19.2f}x")
+    return "\n".join(lines)
+
+
+def resolve_baselines(names: Sequence[str]) -> Mapping[str, GenerateFn]:
+    """Where `--compare` will find its baselines; none exist yet."""
+    wanted = ", ".join(names) if names else ", ".join(PLANNED_BASELINES)
+    raise CompareUnavailable(
+        f"--compare is not yet available: the offline baselines ({wanted}) need the kvserve "
+        "engine, which is not built yet. Run the serving benchmark without --compare."
+    )
