@@ -16,7 +16,7 @@ from kvserve.backend.config import EngineConfig
 from kvserve.backend.detokenizer import IncrementalDetokenizer
 from kvserve.backend.kv_cache.manager import KVCacheManager
 from kvserve.backend.model_runner import ModelRunner
-from kvserve.backend.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from kvserve.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from kvserve.backend.request import Request, RequestStatus
 from kvserve.backend.sampler import Sampler, SamplingRow
 from kvserve.backend.sampling_params import SamplingParams
@@ -49,6 +49,7 @@ class _Group:
     children: list[str]
     traceparent: str | None = None
     finished_children: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -68,6 +69,8 @@ class LLMEngine:
         # Token counters for metrics; the engine thread is the only writer.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Inter-token gaps since the last drain (read by the metrics listener on this thread).
+        self.recent_itl: list[float] = []
 
     # ---- admission -------------------------------------------------------------------------
     def validate_prompt(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -137,9 +140,11 @@ class LLMEngine:
             if not seq.reported_finish:
                 self.scheduler.finish_request(child_id, status)
                 outputs.append(self._take_delta(seq, status.value))
+        cached = self._cached_tokens(group)
+        metrics = self._group_metrics(group)
         self._drop_group(group)
         return RequestOutput(request_id, group.prompt_token_ids, outputs, finished=True,
-                             num_cached_tokens=self._cached_tokens(group), prompt=group.prompt)
+                             num_cached_tokens=cached, prompt=group.prompt, metrics=metrics)
 
     # ---- the step --------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
@@ -171,7 +176,8 @@ class LLMEngine:
             group = self.groups[parent_id]
             done = group.finished_children == len(group.children)
             outputs.append(RequestOutput(parent_id, group.prompt_token_ids, deltas, finished=done,
-                                         num_cached_tokens=self._cached_tokens(group), prompt=group.prompt))
+                                         num_cached_tokens=self._cached_tokens(group), prompt=group.prompt,
+                                         metrics=self._group_metrics(group) if done else None))
             if done:
                 self._drop_group(group)
         return outputs
@@ -181,6 +187,8 @@ class LLMEngine:
         req.output_token_ids.append(tok.token_id)
         if req.times.first_token is None:
             req.times.first_token = now
+        else:
+            self.recent_itl.append(now - req.times.last_token)
         req.times.last_token = now
         seq.pending_ids.append(tok.token_id)
         if tok.logprob is not None:
@@ -218,7 +226,9 @@ class LLMEngine:
         seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
         if finish_reason is not None and not seq.reported_finish:
             seq.reported_finish = True
-            self.groups[seq.parent_id].finished_children += 1
+            group = self.groups[seq.parent_id]
+            group.finished_children += 1
+            group.finish_reasons.append(finish_reason)
         return out
 
     def _expire_timeouts(self) -> list[RequestOutput]:
@@ -232,6 +242,20 @@ class LLMEngine:
             if out is not None:
                 outs.append(out)
         return outs
+
+    def _group_metrics(self, group: _Group) -> RequestMetrics:
+        reqs = [self.sequences[c].request for c in group.children]
+        first = reqs[0].times
+        scheduled = [r.times.first_scheduled for r in reqs if r.times.first_scheduled is not None]
+        tokens = [r.times.first_token for r in reqs if r.times.first_token is not None]
+        return RequestMetrics(
+            arrival=first.arrival, first_scheduled=min(scheduled) if scheduled else None,
+            first_token=min(tokens) if tokens else None,
+            finished=max((r.times.finished or time.time()) for r in reqs),
+            preemptions=sorted(t for r in reqs for t in r.times.preemptions),
+            num_prompt_tokens=len(group.prompt_token_ids),
+            num_generated_tokens=sum(r.num_output_tokens for r in reqs),
+            finish_reasons=list(group.finish_reasons), traceparent=group.traceparent)
 
     def _cached_tokens(self, group: _Group) -> int:
         return max(self.sequences[group.children[0]].request.num_cached_tokens, 0)

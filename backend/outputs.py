@@ -26,6 +26,20 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class RequestMetrics:
+    """Timings of a finished request (time.time() seconds), for metrics and trace spans."""
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float
+    preemptions: list[float]
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    finish_reasons: list[str]
+    traceparent: str | None = None
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """Cumulative for LLM.generate; as a stream update, `outputs` carry only the new delta."""
     request_id: str
@@ -35,3 +49,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt: str | None = None
     error: str | None = None
+    metrics: RequestMetrics | None = None  # set on the final output only

@@ -1,0 +1,121 @@
+"""Triton tensors <-> engine requests and outputs, for model.py (no engine state here).
+
+The tensor contract is model_repository/llm/config.pbtxt: one response per
+choice per step, deltas only; the last response of a request carries the FINAL
+flag.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvserve.backend.outputs import CompletionOutput, TokenLogprob
+from kvserve.backend.sampling_params import SamplingParams
+
+_MAX_PROMPT_TOKENS = 1 << 20
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool
+    traceparent: str | None
+
+
+@dataclass(slots=True)
+class ChoiceTotals:
+    """Per-choice running totals (completion_tokens is cumulative; non-streaming aggregates)."""
+    completion_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def _first_scalar(pb_utils, request, name: str):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    arr = tensor.as_numpy()
+    if arr.size == 0:
+        raise ValueError(f"{name}: must not be empty")
+    return arr.reshape(-1)[0]
+
+
+def _as_text(value, name: str) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}: must be valid UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{name}: must be a string (BYTES tensor)")
+
+
+def parse_request(pb_utils, request) -> ParsedRequest:
+    """Read inputs; any problem raises ValueError naming the input or field."""
+    text = _first_scalar(pb_utils, request, "text_input")
+    ids_tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    if text is not None and ids_tensor is not None:
+        raise ValueError("text_input: give either text_input or input_ids, not both")
+    if text is not None:
+        prompt: str | list[int] = _as_text(text, "text_input")
+    elif ids_tensor is not None:
+        arr = ids_tensor.as_numpy()
+        if arr.dtype.kind not in "iu":
+            raise ValueError("input_ids: must be an INT32 tensor")
+        if arr.size > _MAX_PROMPT_TOKENS:
+            raise ValueError("input_ids: too many tokens")
+        prompt = [int(x) for x in arr.reshape(-1)]
+    else:
+        raise ValueError("text_input: one of text_input or input_ids is required")
+    raw = _first_scalar(pb_utils, request, "sampling_parameters")
+    try:
+        data = json.loads(_as_text(raw, "sampling_parameters")) if raw is not None else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"sampling_parameters: malformed JSON ({exc.msg})") from None
+    params = SamplingParams.from_dict(data)
+    stream = _first_scalar(pb_utils, request, "stream")
+    traceparent = None
+    try:
+        extra = json.loads(request.parameters() or "{}")
+        value = extra.get("traceparent")
+        traceparent = value if isinstance(value, str) else None
+    except (AttributeError, json.JSONDecodeError, TypeError):
+        pass
+    return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent)
+
+
+def _logprob_entry(tokenizer, token_id: int, logprob: float) -> dict:
+    token = tokenizer.decode([token_id], skip_special_tokens=False)
+    return {"token_id": token_id, "token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_json(tokenizer, entries: list[TokenLogprob]) -> str:
+    out = []
+    for e in entries:
+        item = _logprob_entry(tokenizer, e.token_id, e.logprob)
+        item["top_logprobs"] = [_logprob_entry(tokenizer, t, lp) for t, lp in e.top]
+        out.append(item)
+    return json.dumps(out)
+
+
+def choice_tensors(pb_utils, tokenizer, choice: CompletionOutput, totals: ChoiceTotals, prompt_tokens: int,
+                   cached_tokens: int, want_logprobs: bool) -> list:
+    """The output tensors of one response for one choice (text/ids/logprobs are this response's delta)."""
+    tensors = [
+        pb_utils.Tensor("text_output", np.array([choice.text.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("output_ids", np.array(choice.token_ids, dtype=np.int32)),
+        pb_utils.Tensor("finish_reason", np.array([(choice.finish_reason or "").encode()], dtype=np.object_)),
+        pb_utils.Tensor("index", np.array([choice.index], dtype=np.int32)),
+        pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
+        pb_utils.Tensor("completion_tokens", np.array([totals.completion_tokens], dtype=np.int32)),
+        pb_utils.Tensor("cached_tokens", np.array([cached_tokens], dtype=np.int32)),
+    ]
+    if want_logprobs:
+        payload = logprobs_json(tokenizer, choice.logprobs or [])
+        tensors.append(pb_utils.Tensor("logprobs", np.array([payload.encode()], dtype=np.object_)))
+    return tensors

@@ -1,0 +1,186 @@
+"""The body of model_repository/llm/1/model.py: a Triton Python-backend model over AsyncEngine.
+
+`execute()` only parses and hands requests to the engine, then returns (the
+model is decoupled). The engine thread's callbacks drop outputs into a queue; a
+response thread turns them into InferenceResponses and sends them, and between
+sends polls `is_cancelled()` on every live request, so a client that went away
+is aborted (its KV blocks freed) within one engine step. Everything used from
+Triton is passed in as `pb_utils`, which is Triton's own module in tritonserver
+and the embedded host's in kvserve.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
+from kvserve.backend.config import EngineConfig, env_overrides
+from kvserve.backend.outputs import RequestOutput
+from kvserve.backend.telemetry import EngineTelemetry
+from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
+
+log = logging.getLogger("kvserve.backend")
+_POLL_S = 0.01
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    request_id: str
+    sender: object
+    stream: bool
+    want_logprobs: bool
+    totals: dict[int, ChoiceTotals] = field(default_factory=dict)
+
+
+def engine_config_from_triton(model_config: dict) -> EngineConfig:
+    """Parameters from config.pbtxt, overridden by KVSERVE_* environment variables."""
+    values = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+    values.update(env_overrides())
+    values = {k: v for k, v in values.items() if k in EngineConfig.field_names()}
+    if not values.get("model"):
+        from kvserve.backend.models.tiny import default_model_dir, make_tiny_model
+        values["model"] = str(make_tiny_model(default_model_dir()))
+    if not values.get("served_model_name"):
+        values["served_model_name"] = model_config.get("name") or "llm"
+    return EngineConfig.from_strings(values)
+
+
+class TritonLLMModel:
+    def __init__(self, pb_utils, args: dict) -> None:
+        self.pb = pb_utils
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("kvserve's llm model must be decoupled")
+        self._setup_observability()
+        self.config = engine_config_from_triton(model_config)
+        metrics = self._backend_metrics(args)
+        self.engine = AsyncEngine(self.config, [EngineTelemetry(metrics, self.config.model_name)])
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+        self._live: dict[str, _Live] = {}
+        self._outputs: queue.SimpleQueue[tuple[_Live, RequestOutput] | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._respond_loop, name="kvserve-responses", daemon=True)
+        self._thread.start()
+        log.info("kvserve model ready: %s (max_model_len=%d)", self.config.model, self.engine.max_model_len)
+
+    @staticmethod
+    def _setup_observability() -> None:
+        from kvserve.observability.tracing import setup_tracing
+        setup_tracing(os.environ.get("KVSERVE_OTLP_TRACES_ENDPOINT") or None)
+
+    def _backend_metrics(self, args: dict):
+        from kvserve.observability.metrics_backend import BackendMetrics
+        try:
+            return BackendMetrics(self.pb, {"model": args.get("model_name", "llm"),
+                                            "version": str(args.get("model_version", "1"))})
+        except Exception:  # metrics unavailable (e.g. disabled in tritonserver): keep serving
+            log.exception("backend metrics disabled")
+            return None
+
+    # ---- Triton entry points ------------------------------------------------------------------
+    def execute(self, requests) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                parsed = parse_request(self.pb, request)
+                rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
+                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs is not None)
+                self._live[rid] = live
+                try:
+                    self.engine.add_request(rid, parsed.prompt, parsed.params,
+                                            lambda out, live=live: self._outputs.put((live, out)),
+                                            parsed.traceparent)
+                except BaseException:
+                    self._live.pop(rid, None)
+                    raise
+            except ValueError as exc:
+                self._send_error(sender, str(exc), self.pb.TritonError.INVALID_ARG)
+            except (EngineOverloaded, EngineClosed) as exc:
+                self._send_error(sender, f"unavailable: {exc}", self.pb.TritonError.UNAVAILABLE)
+            except Exception:
+                log.exception("could not queue a request")
+                self._send_error(sender, "internal error while queueing the request", self.pb.TritonError.INTERNAL)
+        return None
+
+    def finalize(self) -> None:
+        self.engine.shutdown()
+        self._stop.set()
+        self._outputs.put(None)
+        self._thread.join(timeout=10)
+
+    # ---- response thread ----------------------------------------------------------------------
+    def _respond_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._outputs.get(timeout=_POLL_S)
+            except queue.Empty:
+                item = ()
+            if item is None:
+                break
+            if item:
+                self._send_output(*item)
+            self._check_cancellations()
+
+    def _check_cancellations(self) -> None:
+        for rid, live in list(self._live.items()):
+            try:
+                cancelled = live.sender.is_cancelled()
+            except Exception:
+                cancelled = True
+            if cancelled:
+                self._live.pop(rid, None)
+                self.engine.abort(rid)
+
+    def _send_output(self, live: _Live, out: RequestOutput) -> None:
+        if live.request_id not in self._live and not out.finished:
+            return  # cancelled: the engine's final output for it is dropped below
+        try:
+            if out.error is not None:
+                code = self.pb.TritonError.INVALID_ARG if ":" in out.error and out.error.split(":")[0] in (
+                    "prompt", "context_length_exceeded") else self.pb.TritonError.INTERNAL
+                if out.error.startswith("timeout"):
+                    code = self.pb.TritonError.CANCELLED
+                self._send_error(live.sender, out.error, code)
+                return
+            responses = []
+            for choice in out.outputs:
+                totals = live.totals.setdefault(choice.index, ChoiceTotals())
+                totals.completion_tokens += len(choice.token_ids)
+                if not live.stream:
+                    totals.text.append(choice.text)
+                    totals.token_ids.extend(choice.token_ids)
+                    totals.logprobs.extend(choice.logprobs or [])
+                    if choice.finish_reason is None:
+                        continue
+                    choice.text, choice.token_ids = "".join(totals.text), totals.token_ids
+                    choice.logprobs = totals.logprobs
+                tensors = choice_tensors(self.pb, self.tokenizer, choice, totals, len(out.prompt_token_ids),
+                                         out.num_cached_tokens, live.want_logprobs)
+                responses.append(self.pb.InferenceResponse(output_tensors=tensors))
+            final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
+            if live.request_id not in self._live:
+                responses = []  # cancelled by the client: only close the stream
+            for i, response in enumerate(responses):
+                live.sender.send(response, flags=final if i == len(responses) - 1 else 0)
+            if final and not responses:
+                live.sender.send(flags=final)
+        except Exception:
+            log.exception("sending a response failed for %s", live.request_id)
+            self.engine.abort(live.request_id)
+        finally:
+            if out.finished:
+                self._live.pop(live.request_id, None)
+
+    def _send_error(self, sender, message: str, code) -> None:
+        try:
+            error = self.pb.TritonError(message, code)
+            sender.send(self.pb.InferenceResponse(output_tensors=[], error=error),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            log.exception("sending an error response failed")
