@@ -101,7 +101,8 @@ def configure_logging(*, fmt: str | None = None, level: str | int | None = None,
         colors = bool(getattr(stream, "isatty", lambda: False)())
         renderers = [structlog.dev.ConsoleRenderer(colors=colors)]
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
+        # ExtraAdder: stdlib `extra={...}` fields become keys (and get redacted too).
+        foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
     )
     handler = _KvserveHandler(stream)
