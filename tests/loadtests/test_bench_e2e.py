@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kvserve.loadtests.bench_cli import main
 
-from conftest import CHAT_OVERHEAD, MODEL, count_body
+from fake_openai_server import CHAT_OVERHEAD, MODEL, count_body
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "std", "p50", "p90", "p99")
