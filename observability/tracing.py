@@ -13,8 +13,9 @@ Exporter selection (``setup_tracing``):
 * Endpoints, headers, timeouts, compression, ``OTEL_SERVICE_NAME``,
   ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER(_ARG)``, ``OTEL_BSP_*``
   are read by the SDK itself; we only pass the endpoint when it is given
-  explicitly. An explicit http/protobuf endpoint without a path gets
-  ``/v1/traces`` appended (the SDK takes an explicit URL verbatim).
+  explicitly. An explicit endpoint without a scheme gets ``http://``; an
+  explicit http/protobuf endpoint without a path gets ``/v1/traces`` appended
+  (the SDK takes an explicit URL verbatim).
 
 The process-wide provider is registered with OpenTelemetry exactly once; it
 delegates to the SDK provider of the current configuration. That lets a later
@@ -138,6 +139,10 @@ def _make_exporter(name: str, protocol: str, endpoint: str | None) -> SpanExport
         # Bound now, not at import: the SDK's default binds the stdout that
         # existed when it was imported, which bypasses later redirection.
         return ConsoleSpanExporter(out=sys.stdout)
+    if endpoint and "://" not in endpoint:
+        # "host:4317" would otherwise parse as scheme "host" and make the gRPC
+        # exporter try TLS against a plaintext collector, failing silently.
+        endpoint = "http://" + endpoint
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 

@@ -78,7 +78,8 @@ def test_explicit_endpoint_argument_http_appends_signal_path(receiver, monkeypat
 
 def test_otlp_grpc_is_the_default_protocol():
     with OTLPReceiver(protocol="grpc") as rx:
-        assert setup_tracing(otlp_traces_endpoint=rx.endpoint) is True
+        # Schemeless, as users type it: must mean plaintext, not TLS.
+        assert setup_tracing(otlp_traces_endpoint=f"{rx.host}:{rx.port}") is True
         parent_ctx, child_ctx, _ = _emit_parent_and_child()
         _assert_parent_child_arrived(rx, parent_ctx, child_ctx)
 
