@@ -25,8 +25,8 @@ class BackendMetrics:
     model_labels (e.g. ``{"model": "llm", "version": "1"}``) go on every
     series. Counters reject negative increments with ValueError (a counter
     that goes down is a bug upstream); zero increments are skipped.
-    Construct it in ``TritonPythonModel.initialize()``: Triton accepts metric
-    families only once the model is being loaded, not at import time.
+    Construct it in ``TritonPythonModel.initialize()``, as Triton's own
+    vllm_backend does, once per model instance.
     """
 
     def __init__(self, pb_utils: ModuleType | Any, model_labels: Mapping[str, str] | None = None,
