@@ -1,0 +1,56 @@
+"""Incremental detokenizer: UTF-8 safety, stop strings across tokens, hold-back."""
+from __future__ import annotations
+
+import pytest
+
+from kvserve.backend.detokenizer import IncrementalDetokenizer
+from kvserve.backend.tokenizer import ModelTokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(llama_dir):
+    return ModelTokenizer(llama_dir)
+
+
+def _stream(tok, text, stop=(), include=False):
+    ids = tok.encode(text)
+    d = IncrementalDetokenizer(tok, [], list(stop), include, True)
+    deltas = []
+    for i, t in enumerate(ids):
+        r = d.add_tokens([t], finished=i == len(ids) - 1)
+        deltas.append(r.text_delta)
+        if r.stop_string:
+            return deltas, r.stop_string
+    return deltas, None
+
+
+@pytest.mark.parametrize("text", ["Hello world, how are you?", "Emoji 😀🚀 and CJK 你好世界 mixed", "Привет, мир!"])
+def test_deltas_join_to_the_full_decode_and_never_split_a_character(tok, text):
+    deltas, _ = _stream(tok, text)
+    assert "".join(deltas) == tok.decode(tok.encode(text))
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_multibyte_character_split_over_tokens_waits(tok):
+    ids = tok.encode("😀")
+    assert len(ids) > 1  # byte-level BPE splits the emoji in this small vocabulary
+    d = IncrementalDetokenizer(tok, [], [], False, True)
+    assert [d.add_tokens([t]).text_delta for t in ids[:-1]] == [""] * (len(ids) - 1)
+    assert d.add_tokens([ids[-1]]).text_delta == "😀"
+
+
+def test_stop_string_spanning_tokens_is_cut_and_never_emitted(tok):
+    deltas, stop = _stream(tok, "The capital of France is Paris. The end", stop=["Paris."])
+    assert stop == "Paris."
+    assert "".join(deltas) == "The capital of France is "
+    assert not any("P" in d for d in deltas)
+
+
+def test_include_stop_str_in_output(tok):
+    deltas, stop = _stream(tok, "one two three four", stop=["three"], include=True)
+    assert stop == "three" and "".join(deltas) == "one two three"
+
+
+def test_partial_stop_prefix_is_released_when_it_cannot_match(tok):
+    deltas, stop = _stream(tok, "a Pari b Paris", stop=["Paris"])
+    assert stop == "Paris" and "".join(deltas) == "a Pari b "

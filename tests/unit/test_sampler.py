@@ -1,0 +1,90 @@
+"""Sampler: greedy, filters, penalties, seeds independent of the batch, logprobs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvserve.backend.sampler import Sampler, SamplingRow
+from kvserve.backend.sampling_params import SamplingParams
+
+
+def _row(prompt=(1,), out=(), seed=None, **kw) -> SamplingRow:
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SamplingRow(SamplingParams(**kw), list(prompt), list(out), gen, frozenset({0}))
+
+
+def _logits(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_greedy_takes_the_argmax():
+    got = Sampler()(_logits([0.1, 3.0, 0.2], [5.0, 1.0, 0.0]), [_row(temperature=0), _row(temperature=0)])
+    assert [t.token_id for t in got] == [1, 0]
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy_even_when_sampling():
+    logits = _logits([0.0, 2.0, 1.9, 1.8])
+    for kw in ({"top_k": 1}, {"top_p": 0.01}):
+        ids = {Sampler()(logits, [_row(temperature=1.0, **kw)])[0].token_id for _ in range(30)}
+        assert ids == {1}
+
+
+def test_min_p_removes_unlikely_tokens():
+    logits = _logits([math.log(0.6), math.log(0.3), math.log(0.1)])
+    ids = {Sampler()(logits, [_row(temperature=1.0, min_p=0.4)])[0].token_id for _ in range(200)}
+    assert ids == {0, 1}
+
+
+def test_same_seed_same_tokens_whatever_the_batch():
+    logits = torch.randn(1, 50)
+    alone = [Sampler()(logits, [r])[0].token_id for r in [_row(seed=7, temperature=1.0)] * 1]
+    row = _row(seed=7, temperature=1.0)
+    seq_alone = [Sampler()(logits, [row])[0].token_id for _ in range(10)]
+    row2 = _row(seed=7, temperature=1.0)
+    batch_logits = torch.cat([torch.randn(3, 50), logits])
+    seq_batched = []
+    for _ in range(10):
+        others = [_row(temperature=1.0), _row(seed=3, temperature=1.0), _row(temperature=0)]
+        seq_batched.append(Sampler()(batch_logits, others + [row2])[3].token_id)
+    assert seq_alone == seq_batched and alone[0] == seq_alone[0]
+
+
+def test_penalties():
+    logits = _logits([2.0, 1.9, -1.0])
+    # repetition penalty divides a positive logit of a seen token: 2.0/1.5 < 1.9
+    assert Sampler()(logits, [_row(prompt=[0], temperature=0, repetition_penalty=1.5)])[0].token_id == 1
+    # frequency/presence penalties only count output tokens
+    assert Sampler()(logits, [_row(prompt=[5], out=[0], temperature=0, presence_penalty=0.5)])[0].token_id == 1
+    assert Sampler()(logits, [_row(prompt=[0], temperature=0, presence_penalty=0.5)])[0].token_id == 0
+    assert Sampler()(logits, [_row(out=[0, 0], temperature=0, frequency_penalty=0.06)])[0].token_id == 1
+
+
+def test_logit_bias_and_min_tokens_ban_eos():
+    logits = _logits([5.0, 1.0, 0.0])
+    assert Sampler()(logits, [_row(temperature=0, logit_bias={2: 10.0})])[0].token_id == 2
+    # token 0 is EOS: banned while fewer than min_tokens outputs exist
+    assert Sampler()(logits, [_row(temperature=0, min_tokens=2, max_tokens=5)])[0].token_id == 1
+    assert Sampler()(logits, [_row(out=[1, 1], temperature=0, min_tokens=2, max_tokens=5)])[0].token_id == 0
+
+
+def test_logprobs_are_from_the_raw_distribution():
+    logits = _logits([1.0, 2.0, 3.0])
+    tok = Sampler()(logits, [_row(temperature=0, logprobs=2, repetition_penalty=1.9, prompt=[2])])[0]
+    expected = torch.log_softmax(logits[0], -1)
+    assert tok.token_id == 1
+    assert tok.logprob == pytest.approx(float(expected[1]))
+    assert [t for t, _ in tok.top_logprobs] == [2, 1]
+    assert tok.top_logprobs[0][1] == pytest.approx(float(expected[2]))
+
+
+def test_bad_params_name_the_field():
+    for kw, field in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -5}, "top_k"),
+                      ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": float("nan")},
+                                                                           "temperature"),
+                      ({"stop": ["x"] * 1000}, "stop"), ({"logprobs": 99}, "logprobs")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            SamplingParams(**kw)
+    with pytest.raises(ValueError, match="^bogus:"):
+        SamplingParams.from_dict({"bogus": 1})
