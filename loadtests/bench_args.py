@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
     target.add_argument("--endpoint-type", choices=("completions", "chat"), default="completions")
     target.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
-    target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
+    # Read at run time, not as the default: --help prints defaults, and must not print a key.
+    target.add_argument("--api-key", default=None, help="bearer token; default: $OPENAI_API_KEY")
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
 
     data = p.add_argument_group("dataset")
@@ -87,6 +88,8 @@ def make_dataset(args: argparse.Namespace) -> Dataset:
 
 def validate(args: argparse.Namespace) -> None:
     """Fail before any network traffic on values that can only be mistakes."""
+    if args.api_key is None:
+        args.api_key = os.environ.get("OPENAI_API_KEY") or None
     positive = {
         "--num-prompts": args.num_prompts if args.num_prompts is not None else 1,
         "--random-input-len": args.random_input_len,

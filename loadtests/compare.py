@@ -10,11 +10,14 @@ the CLI flag only reports that; this module is what they will plug into.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from kvserve.loadtests.bench_request import BenchRequest
+from kvserve.loadtests.datasets import Dataset
+from kvserve.loadtests.prompt_builder import ExactPromptBuilder, PromptBuilder, TokenCounter, WordPromptBuilder
 
 PLANNED_BASELINES = ("hf-serial", "hf-static-batch", "kvserve-offline")
 
@@ -49,6 +52,23 @@ class OfflineResult:
     @property
     def output_throughput(self) -> float:
         return self.total_output_tokens / self.duration if self.duration > 0 else 0.0
+
+
+def build_requests(dataset: Dataset, counter: TokenCounter | None = None) -> list[BenchRequest]:
+    """The prompt list without any server, for offline baselines: exact lengths
+    through a local counter (e.g. an HF tokenizer behind `async count`), else
+    word estimates. Same dataset and seed give the same texts as a served run
+    whose counter tokenizes identically."""
+
+    async def go() -> list[BenchRequest]:
+        builder: PromptBuilder = WordPromptBuilder()
+        if counter is not None:
+            exact = ExactPromptBuilder(counter)
+            await exact.calibrate()
+            builder = exact
+        return await dataset.sample(builder)
+
+    return asyncio.run(go())
 
 
 def run_offline(label: str, requests: Sequence[BenchRequest], generate: GenerateFn) -> OfflineResult:

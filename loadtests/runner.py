@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -51,7 +52,7 @@ class _InFlight:
         self.now -= 1
 
 
-def _progress_bar(total: int, enabled: bool):  # -> tqdm | None
+def _progress_bar(total: int, enabled: bool) -> Any:  # tqdm | None
     if not enabled:
         return None
     try:

@@ -39,6 +39,7 @@ class FakeServer:
     tokenize: bool = True
     usage: bool = True
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    auth: list[str] = field(default_factory=list)  # Authorization header per generation request
     url: str = ""
     _count: int = 0
 
@@ -61,6 +62,7 @@ class FakeServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.auth.append(request.headers.get("Authorization", ""))
         self._count += 1
         nth = self._count  # fixed now: other requests bump the counter while we stream
         if self.fail_every and nth % self.fail_every == 0:

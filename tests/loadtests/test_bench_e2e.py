@@ -87,9 +87,12 @@ def test_all_failed_exits_1(fake_server, tmp_path):
 def test_chat_endpoint_concurrency_cap_and_template_tokens(fake_server, tmp_path):
     server = fake_server()
     rc, doc = _bench(server, tmp_path, "--endpoint-type", "chat", "--num-prompts", "6",
-                     "--random-input-len", "30", "--random-output-len", "5", "--max-concurrency", "2")
+                     "--random-input-len", "30", "--random-output-len", "5", "--max-concurrency", "2",
+                     "--api-key", "sk-test")
     assert rc == 0 and doc["completed"] == 6
     assert doc["max_concurrent_requests"] == 2
+    assert server.auth == ["Bearer sk-test"] * 6
+    assert "sk-test" not in json.dumps(doc) and doc["config"]["api_key_set"] is True
     assert doc["total_output_tokens"] == 6 * 5
     assert doc["total_input_tokens"] == 6 * 30  # counted with the chat overhead included
     assert all("messages" in b and b["max_completion_tokens"] == 5 for b in server.bodies)

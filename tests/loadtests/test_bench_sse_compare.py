@@ -7,8 +7,9 @@ import pytest
 
 from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.compare import (
-    CompareUnavailable, GenerationOutput, format_comparison, resolve_baselines, run_comparison,
+    CompareUnavailable, GenerationOutput, build_requests, format_comparison, resolve_baselines, run_comparison,
 )
+from kvserve.loadtests.datasets import RandomDataset
 from kvserve.loadtests.sse import LineSplitter, data_payload, parse_payload
 
 
@@ -65,3 +66,17 @@ def test_compare_seam_rejects_missing_outputs_and_flag_is_unavailable():
         run_comparison(_requests(3), {"bad": lambda reqs: [GenerationOutput(0, 1)]})
     with pytest.raises(CompareUnavailable, match="not yet available"):
         resolve_baselines([])
+
+
+def test_offline_prompt_list_matches_dataset_without_a_server():
+    class Counter:
+        async def count(self, text: str) -> int:
+            return 1 + len(text.split())
+
+    ds = RandomDataset(num_prompts=5, input_len=30, output_len=7, range_ratio=0.3, seed=9)
+    a, b = build_requests(ds, Counter()), build_requests(ds, Counter())
+    assert [r.prompt for r in a] == [r.prompt for r in b]  # same seed, same prompts
+    assert [r.prompt_len for r in a] == list(ds.lengths()[0]) and all(r.exact_len for r in a)
+    assert [1 + len(r.prompt.split()) for r in a] == [r.prompt_len for r in a]
+    assert [r.expected_output_len for r in a] == list(ds.lengths()[1])
+    assert not build_requests(ds)[0].exact_len
