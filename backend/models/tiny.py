@@ -125,7 +125,8 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     if marker.is_file() and json.loads(marker.read_text()) == asdict(spec):
         return out
     tok = train_tokenizer(spec.vocab_size)
-    vocab = tok.get_vocab_size()
+    # A small corpus caps the BPE vocabulary; pad the embedding like real checkpoints pad theirs.
+    vocab = max(tok.get_vocab_size(), spec.vocab_size)
     head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     bos = tok.token_to_id("<|endoftext|>")
