@@ -1,0 +1,220 @@
+"""Parse and validate `/v1/completions` and `/v1/chat/completions` bodies into
+plain dataclasses. Unknown fields are ignored, as OpenAI does; known fields are
+checked for type and range here so the engine sees only sane values.
+
+`sampling` holds only what the client set (plus `n`), keyed by SamplingParams
+field names, so the engine's own defaults apply to everything else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.frontend import fields as F
+from kvserve.frontend.errors import bad_request, not_supported, short_repr
+
+MAX_N = 16  # the engine's SamplingParams limit
+MAX_PROMPTS = 256
+MAX_CHOICES = 1024
+MAX_LOGPROBS = 20
+MAX_STOP = 64
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_MESSAGES = 4096
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@dataclass(slots=True)
+class CommonRequest:
+    model: str | None
+    n: int
+    stream: bool
+    include_usage: bool
+    sampling: dict[str, Any]
+    user: str | None
+
+
+@dataclass(slots=True)
+class CompletionRequest(CommonRequest):
+    prompts: list[str | list[int]] = field(default_factory=list)
+    echo: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(slots=True)
+class ChatRequest(CommonRequest):
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    add_generation_prompt: bool = True
+
+
+def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict[str, Any]:
+    model = F.opt_str(body, "model", max_len=512)
+    n = F.opt_int(body, "n", 1, MAX_N) or 1
+    stream = bool(F.opt_bool(body, "stream"))
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        if not isinstance(options, dict):
+            raise bad_request("'stream_options' must be an object", param="stream_options")
+        include_usage = bool(F.opt_bool(options, "include_usage"))
+    _check_response_format(body)
+    if body.get("tools") or body.get("functions"):
+        raise not_supported("tools", "tool calling")
+    if "suffix" in body and body["suffix"] not in (None, ""):
+        raise not_supported("suffix", "'suffix'")
+    best_of = F.opt_int(body, "best_of", 1, MAX_N)
+    if best_of is not None and best_of != n:
+        raise not_supported("best_of", "'best_of' different from 'n'")
+    return {
+        "model": model,
+        "n": n,
+        "stream": stream,
+        "include_usage": include_usage,
+        "sampling": _sampling(body, vocab_size, n, chat=chat),
+        "user": F.opt_str(body, "user", max_len=256),
+    }
+
+
+def _check_response_format(body: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise bad_request("'response_format' must be an object with a 'type'", param="response_format")
+    if fmt["type"] != "text":
+        raise not_supported("response_format", f"response_format type {short_repr(fmt['type'])}")
+
+
+def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:
+    s: dict[str, Any] = {"n": n}
+    max_tokens = F.opt_int(body, "max_completion_tokens", 1) if chat else None
+    if max_tokens is None:
+        max_tokens = F.opt_int(body, "max_tokens", 1)
+    values: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "min_tokens": F.opt_int(body, "min_tokens", 0),
+        "temperature": F.opt_number(body, "temperature", 0.0, 2.0),
+        "top_p": F.opt_number(body, "top_p", 0.0, 1.0, lo_open=True),
+        "top_k": F.opt_int(body, "top_k", -1),
+        "min_p": F.opt_number(body, "min_p", 0.0, 1.0),
+        "seed": F.opt_int(body, "seed", -(2**63), 2**64 - 1),
+        "stop": F.opt_str_or_list(body, "stop", max_items=MAX_STOP, max_len=MAX_STOP_CHARS),
+        "presence_penalty": F.opt_number(body, "presence_penalty", -2.0, 2.0),
+        "frequency_penalty": F.opt_number(body, "frequency_penalty", -2.0, 2.0),
+        "repetition_penalty": F.opt_number(body, "repetition_penalty", 0.0, 2.0, lo_open=True),
+        "ignore_eos": F.opt_bool(body, "ignore_eos"),
+        "logit_bias": F.opt_logit_bias(body, "logit_bias", vocab_size, max_items=MAX_LOGIT_BIAS),
+        "include_stop_str_in_output": F.opt_bool(body, "include_stop_str_in_output"),
+        "skip_special_tokens": F.opt_bool(body, "skip_special_tokens"),
+        "cache_salt": F.opt_str(body, "cache_salt", max_len=256, allow_empty=False),
+    }
+    if body.get("stop_token_ids") is not None:
+        values["stop_token_ids"] = F.token_ids(body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)
+        if len(values["stop_token_ids"]) > MAX_STOP:
+            raise bad_request(f"'stop_token_ids' has more than {MAX_STOP} entries", param="stop_token_ids")
+    if values["top_k"] == 0:
+        values["top_k"] = -1  # vLLM treats 0 and -1 alike: no top-k
+    if max_tokens is not None and values["min_tokens"] is not None and values["min_tokens"] > max_tokens:
+        raise bad_request("'min_tokens' must not exceed 'max_tokens'", param="min_tokens")
+    s.update({k: v for k, v in values.items() if v is not None})
+    return s
+
+
+def parse_completion(body: dict[str, Any], vocab_size: int | None) -> CompletionRequest:
+    common = _common(body, vocab_size, chat=False)
+    prompts = _prompts(body.get("prompt"), vocab_size)
+    if len(prompts) * common["n"] > MAX_CHOICES:
+        raise bad_request(f"prompts x n must not exceed {MAX_CHOICES}", param="n")
+    logprobs = F.opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = bool(F.opt_bool(body, "echo"))
+    if echo and logprobs is not None:
+        raise not_supported("echo", "'echo' together with 'logprobs' (prompt logprobs)")
+    req = CompletionRequest(**common, prompts=prompts, echo=echo, logprobs=logprobs)
+    if logprobs is not None:
+        req.sampling["logprobs"] = logprobs
+    return req
+
+
+def _prompts(value: Any, vocab_size: int | None) -> list[str | list[int]]:
+    if value is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    if isinstance(value, str):
+        prompts: list[str | list[int]] = [value]
+    elif isinstance(value, list) and value and all(F.is_int(t) for t in value):
+        prompts = [F.token_ids(value, "prompt", vocab_size)]
+    elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
+        prompts = list(value)
+    elif isinstance(value, list) and value and all(isinstance(p, list) for p in value):
+        prompts = [F.token_ids(p, "prompt", vocab_size) for p in value]
+    else:
+        raise bad_request(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token id lists",
+            param="prompt",
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    if any(p == "" for p in prompts):
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    return prompts
+
+
+def parse_chat(body: dict[str, Any], vocab_size: int | None) -> ChatRequest:
+    common = _common(body, vocab_size, chat=True)
+    messages = parse_messages(body.get("messages"))
+    logprobs = bool(F.opt_bool(body, "logprobs"))
+    top_logprobs = F.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+    add_generation_prompt = F.opt_bool(body, "add_generation_prompt")
+    req = ChatRequest(
+        **common,
+        messages=messages,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+    )
+    if logprobs:
+        req.sampling["logprobs"] = req.top_logprobs
+    return req
+
+
+def parse_messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise bad_request(f"at most {MAX_MESSAGES} messages", param="messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise bad_request(f"'{where}' must be an object", param="messages")
+        role = msg.get("role")
+        if role not in CHAT_ROLES:
+            raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
+        out.append({"role": role, "content": _content(msg.get("content"), where, role)})
+        if isinstance(msg.get("name"), str):
+            out[-1]["name"] = msg["name"]
+    return out
+
+
+def _content(value: Any, where: str, role: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad_request(f"'{where}.content' parts must be objects with a 'type'", param="messages")
+            if part["type"] != "text":
+                raise not_supported("messages", "content parts other than text")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"'{where}.content' text parts need a string 'text'", param="messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad_request(f"'{where}.content' must be a string or a list of text parts", param="messages")

@@ -1,0 +1,48 @@
+"""Assemble the aiohttp application and start it on a socket."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from kvserve.frontend import handlers_misc as misc
+from kvserve.frontend.handlers_openai import create_chat_completion, create_completion
+from kvserve.frontend.middleware import MIDDLEWARES
+from kvserve.frontend.state import GATEWAY, Gateway
+
+# Streams end within this after shutdown begins; their Triton requests are cancelled.
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    # client_max_size backs up the Content-Length check for chunked bodies.
+    app = web.Application(middlewares=MIDDLEWARES, client_max_size=gateway.config.max_request_body_bytes)
+    app[GATEWAY] = gateway
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_get("/v1/models", misc.list_models, allow_head=False)
+    app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)
+    app.router.add_get("/health", misc.health, allow_head=False)
+    app.router.add_get("/metrics", misc.metrics, allow_head=False)
+    app.router.add_get("/version", misc.version, allow_head=False)
+    app.router.add_get("/openapi.json", misc.openapi, allow_head=False)
+    app.router.add_post("/tokenize", misc.tokenize)
+    app.router.add_post("/detokenize", misc.detokenize)
+
+    async def close_backend(_: web.Application) -> None:
+        await gateway.backend.close()
+
+    app.on_cleanup.append(close_backend)
+    return app
+
+
+async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (for cleanup) and the bound port (port 0 picks one)."""
+    # handler_cancellation: when a client disconnects, aiohttp cancels its handler
+    # task, which is what cancels the Triton request of a non-streaming call
+    # (nothing is written to it until the end, so no write would notice).
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    addresses = runner.addresses
+    bound = int(addresses[0][1]) if addresses else port
+    return runner, bound

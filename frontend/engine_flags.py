@@ -1,0 +1,124 @@
+"""The engine flags `kvserve serve` accepts, as data: vLLM's names, so users
+migrating from `vllm serve` keep their command lines.
+
+Each flag whose `export` is true travels to the embedded host as an
+environment variable `KVSERVE_<FIELD>` (field = the flag in snake case, the
+`EngineConfig` field name), which model.py reads on top of config.pbtxt. Flags
+left unset are not exported, so the engine's defaults apply.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_bytes(text: str) -> int:
+    """`--kv-cache-memory 8589934592`, `8GiB`, `8G` or `8GB`: every suffix is a power
+    of 1024, the way GPU memory is counted (no K-vs-Ki surprise)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 8589934592, 8GiB, 512MiB)")
+    value = float(match.group(1)) * 1024 ** _POWERS[match.group(2).lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return int(value)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError("must be in (0, 1]")
+    return value
+
+
+@dataclass(slots=True, frozen=True)
+class EngineFlag:
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = str  # None: a boolean --x/--no-x flag
+    choices: tuple[str, ...] | None = None
+    export: bool = True  # passed to the engine as KVSERVE_<FIELD>
+    nargs: str | None = None
+
+    @property
+    def field(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "KVSERVE_" + self.field.upper()
+
+
+ENGINE_FLAGS: tuple[EngineFlag, ...] = (
+    EngineFlag("--served-model-name", "name(s) clients use in `model`; the first is reported", nargs="+"),
+    EngineFlag("--tokenizer", "tokenizer folder when it is not the model folder"),
+    EngineFlag("--dtype", "weight and activation dtype", choices=("auto", "float32", "float16", "bfloat16")),
+    EngineFlag("--max-model-len", "longest prompt + output in tokens (default: the model's)", positive_int),
+    EngineFlag("--max-num-seqs", "most sequences in one batch", positive_int),
+    EngineFlag("--max-num-batched-tokens", "token budget of one scheduler step", positive_int),
+    EngineFlag("--block-size", "tokens per KV cache block (a power of two <= 128)", positive_int),
+    EngineFlag("--enable-prefix-caching", "share full KV blocks between requests with a common prefix", None),
+    EngineFlag("--gpu-memory-utilization", "fraction of GPU memory the engine may use (CUDA)", fraction),
+    EngineFlag("--kv-cache-memory", "KV cache size in bytes (8GiB, 512MiB, ...); skips memory profiling", parse_bytes),
+    EngineFlag("--num-kv-blocks", "KV cache size in blocks (overrides --kv-cache-memory)", positive_int),
+    EngineFlag("--kv-cache-dtype", "KV cache dtype", choices=("auto", "float32", "float16", "bfloat16")),
+    EngineFlag("--seed", "engine seed for requests without their own", int),
+    EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
+    EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),
+    EngineFlag("--otlp-traces-endpoint", "OTLP endpoint for traces (gateway and engine)"),
+    EngineFlag("--log-format", "log line format (gateway and engine)", choices=("json", "console")),
+    EngineFlag("--log-requests", "log request details (prompts included) in gateway and engine", None),
+    EngineFlag("--chat-template", "chat template: a file or the Jinja text (gateway only)", export=False),
+)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (same names as vLLM)")
+    for f in ENGINE_FLAGS:
+        kwargs: dict[str, Any] = {"dest": f.field, "default": None, "help": f.help}
+        if f.type is None:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = f.type
+            if f.choices:
+                kwargs["choices"] = f.choices
+            if f.nargs:
+                kwargs["nargs"] = f.nargs
+        group.add_argument(f.flag, **kwargs)
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return str(value[0])  # --served-model-name: the engine reports the first name
+    return str(value)
+
+
+def engine_env(args: argparse.Namespace) -> dict[str, str]:
+    """KVSERVE_<FIELD> for every exported flag the user set."""
+    env: dict[str, str] = {}
+    for f in ENGINE_FLAGS:
+        value = getattr(args, f.field, None)
+        if f.export and value is not None:
+            env[f.env] = _env_value(value)
+    return env

@@ -1,0 +1,121 @@
+"""OpenAI-style error objects and the one exception the gateway raises for them.
+
+Every failure a client can see goes through `ApiError`, so the wire shape
+(`{"error": {"message", "type", "param", "code"}}`) is decided in one place and
+no handler can leak a traceback or echo a whole request back.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+# Long messages are cut: a client that sends a 1 MB prompt must not get it back.
+MAX_MESSAGE_CHARS = 512
+MAX_VALUE_REPR_CHARS = 40
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr of a user value, for messages that must say what was wrong."""
+    return clip(repr(value), MAX_VALUE_REPR_CHARS)
+
+
+class ApiError(Exception):
+    """An error with an HTTP status and an OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = clip(message)
+        self.param = param
+        self.code = code
+        self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            text=json.dumps(self.body()),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def not_supported(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{what} is not supported by this server", param=param, code="unsupported_parameter")
+
+
+def model_not_found(name: str) -> ApiError:
+    return ApiError(404, f"The model {short_repr(name)} does not exist", param="model", code="model_not_found")
+
+
+def backend_unavailable(detail: str = "the model backend is not ready") -> ApiError:
+    return ApiError(503, detail, code="backend_unavailable")
+
+
+def internal_error() -> ApiError:
+    # Never carries the exception text: internal details stay in the server log.
+    return ApiError(500, "internal server error", code="internal_error")
+
+
+def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
+    """The one mapping from backend failures to HTTP errors.
+
+    `prompt_param` is "messages" for chat and "prompt" for completions, so a
+    too-long input points at the field the client actually sent.
+    """
+    # Imported here: protocol.py is plain data, but keeping errors.py free of it
+    # lets every module import errors without cycles.
+    from kvserve.frontend.protocol import BackendRejected, BackendUnavailable
+
+    if isinstance(exc, BackendRejected):
+        if exc.overloaded:
+            return ApiError(503, "the server is overloaded, retry later", code="overloaded", headers={"Retry-After": "1"})
+        if exc.code == "timeout":
+            return ApiError(504, exc.message, code="timeout", type="timeout_error")
+        if exc.code == "context_length_exceeded":
+            return ApiError(400, exc.message, param=prompt_param, code="context_length_exceeded")
+        param = exc.field
+        if param == "sampling_parameters":
+            param = None
+        elif param in ("prompt", "input_ids", "text_input"):
+            param = prompt_param
+        elif param == "logprobs" and prompt_param == "messages":
+            param = "top_logprobs"
+        return ApiError(400, exc.message, param=param)
+    if isinstance(exc, BackendUnavailable):
+        return backend_unavailable()
+    return internal_error()

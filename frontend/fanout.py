@@ -1,0 +1,93 @@
+"""Run the backend requests of one HTTP request (one per prompt) concurrently
+and merge their deltas into one ordered-by-arrival stream.
+
+Leaving the `async with` block for any reason (done, error, client gone,
+handler cancelled) cancels the pump tasks, which closes each backend stream and
+so cancels each Triton request at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Sequence
+
+from kvserve.frontend.protocol import BackendClient, BackendFailed, ChoiceDelta, GenerateRequest
+
+log = logging.getLogger("kvserve.frontend.fanout")
+_END = object()
+
+
+class Fanout:
+    def __init__(self, backend: BackendClient, requests: Sequence[GenerateRequest]) -> None:
+        self._backend = backend
+        self._requests = list(requests)
+        self._queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._open = len(self._requests)
+        self._buffer: list[tuple[int, ChoiceDelta]] = []
+        self._ended: set[int] = set()
+
+    async def __aenter__(self) -> Fanout:
+        self._tasks = [asyncio.create_task(self._pump(i, r)) for i, r in enumerate(self._requests)]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _pump(self, index: int, request: GenerateRequest) -> None:
+        stream = self._backend.generate(request)
+        try:
+            async for delta in stream:
+                self._queue.put_nowait((index, delta))
+            self._queue.put_nowait((index, _END))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the consumer, which turns it into an HTTP error
+            self._queue.put_nowait((index, exc))
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    async def _next(self) -> tuple[int, ChoiceDelta] | None:
+        while self._open:
+            index, item = await self._queue.get()
+            if item is _END:
+                self._open -= 1
+                self._ended.add(index)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, ChoiceDelta)
+            if item.finish_reason == "error":
+                raise BackendFailed("the engine failed while generating")
+            return index, item
+        return None
+
+    async def prefetch(self) -> None:
+        """Wait until every request produced its first delta or ended.
+
+        The engine validates a request when it receives it, so its errors
+        (bad field, prompt too long) arrive first; waiting for them before the
+        HTTP status is sent lets them become a proper 400 instead of an error
+        event inside a 200 stream.
+        """
+        pending = set(range(len(self._requests)))
+        while pending - self._ended:
+            got = await self._next()
+            if got is None:
+                break
+            pending.discard(got[0])
+            self._buffer.append(got)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, ChoiceDelta]]:
+        while self._buffer:
+            yield self._buffer.pop(0)
+        while True:
+            got = await self._next()
+            if got is None:
+                return
+            yield got

@@ -1,0 +1,133 @@
+"""Drive the backend requests of one OpenAI call and shape what comes back:
+a whole JSON response, or an SSE stream of chunks ending in `[DONE]`.
+
+Shared by /v1/completions and /v1/chat/completions; the `chat` flag picks the
+wire format. Choices are numbered `prompt_index * n + i`, as OpenAI does.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kvserve.frontend.errors import ApiError, from_backend
+from kvserve.frontend.fanout import Fanout
+from kvserve.frontend.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.responses import ChoiceState, ChunkFactory, Usage, apply_delta, chat_body, completion_body
+from kvserve.frontend.sse import SseWriter
+from kvserve.frontend.state import Gateway
+
+log = logging.getLogger("kvserve.frontend.generation")
+
+
+@dataclass(slots=True)
+class Call:
+    """One OpenAI call, already validated."""
+
+    rid: str
+    created: int
+    model: str
+    n: int
+    chat: bool
+    logprobs: bool
+    include_usage: bool
+    echo_texts: list[str] | None = None  # completions `echo`: prompt text per prompt
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.chat else "prompt"
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+def _choices(call: Call, num_prompts: int) -> list[ChoiceState]:
+    return [ChoiceState(index=i) for i in range(num_prompts * call.n)]
+
+
+def _state_for(call: Call, choices: list[ChoiceState], prompt_index: int, delta: ChoiceDelta) -> ChoiceState:
+    if not 0 <= delta.index < call.n:
+        raise BackendFailed(f"backend sent choice index {delta.index} for n={call.n}")
+    return choices[prompt_index * call.n + delta.index]
+
+
+def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
+    if isinstance(exc, BackendUnavailable):
+        assert gateway.readiness is not None
+        gateway.readiness.invalidate()
+    if not isinstance(exc, ApiError):
+        log.warning("request %s failed in the backend: %s", call.rid, exc)
+    return exc if isinstance(exc, ApiError) else from_backend(exc, prompt_param=call.prompt_param)
+
+
+async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:
+    if stream:
+        return await _stream(request, gateway, call, subs)
+    return await _collect(gateway, call, subs)
+
+
+async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> web.Response:
+    choices = _choices(call, len(subs))
+    if call.echo_texts is not None:
+        for state in choices:
+            text = call.echo_texts[state.index // call.n]
+            state.text.append(text)
+            state.text_len = len(text)
+    usage = Usage()
+    try:
+        async with Fanout(gateway.backend, subs) as fan:
+            async for prompt_index, delta in fan:
+                usage.observe(prompt_index, delta)
+                apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat)
+    except BackendError as exc:
+        raise _api_error(gateway, call, exc) from None
+    build = chat_body if call.chat else completion_body
+    return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
+
+
+async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> web.StreamResponse:
+    choices = _choices(call, len(subs))
+    usage = Usage()
+    chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
+    async with Fanout(gateway.backend, subs) as fan:
+        try:
+            await fan.prefetch()
+        except BackendError as exc:
+            raise _api_error(gateway, call, exc) from None
+        writer = await SseWriter.open(request)
+        gateway.metrics.stream_started()
+        try:
+            for state in choices:  # the opening chunk of each choice
+                if call.chat:
+                    await writer.send(chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
+                elif call.echo_texts is not None:
+                    text = call.echo_texts[state.index // call.n]
+                    state.text_len = len(text)
+                    await writer.send(chunks.completion(state.index, text, None, None))
+            try:
+                async for prompt_index, delta in fan:
+                    usage.observe(prompt_index, delta)
+                    state = _state_for(call, choices, prompt_index, delta)
+                    logprobs, text = apply_delta(state, delta, chat=call.chat)
+                    if not text and logprobs is None and not delta.finish_reason:
+                        continue  # nothing to tell the client (e.g. text held back for a stop string)
+                    if call.chat:
+                        body = {"content": text} if text or not delta.finish_reason else {}
+                        await writer.send(chunks.chat(state.index, body, logprobs, delta.finish_reason))
+                    else:
+                        await writer.send(chunks.completion(state.index, text, logprobs, delta.finish_reason))
+            except BackendError as exc:
+                # Headers are gone already: the error travels as an event, then [DONE].
+                await writer.send(_api_error(gateway, call, exc).body())
+                await writer.done()
+                return writer.response
+            if call.include_usage:
+                await writer.send(chunks.usage(call.object_name, usage.body(choices)))
+            await writer.done()
+        except ConnectionError:
+            pass  # the client went away; leaving the `async with` cancels the backend requests
+        finally:
+            gateway.metrics.stream_finished()
+        return writer.response

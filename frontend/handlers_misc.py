@@ -1,0 +1,101 @@
+"""The routes around generation: /v1/models, /health, /metrics, /version,
+/tokenize, /detokenize, /openapi.json."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from kvserve.frontend import fields as F
+from kvserve.frontend.api_requests import parse_messages
+from kvserve.frontend.errors import backend_unavailable, bad_request
+from kvserve.frontend.handlers_openai import chat_prompt_ids
+from kvserve.frontend.openapi import openapi_document
+from kvserve.frontend.request_body import read_json_body
+from kvserve.frontend.state import GATEWAY, Gateway
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": gateway.created,
+        "owned_by": "kvserve",
+        "root": gateway.config.model_root or name,
+        "parent": None,
+        "max_model_len": gateway.config.max_model_len,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in gateway.config.served_model_names]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    name = gateway.resolve_model(request.match_info["model"])
+    return web.json_response(_model_card(gateway, name))
+
+
+async def health(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    # Always a fresh probe: load balancers act on this answer.
+    if not await gateway.backend.ready():
+        raise backend_unavailable()
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        backend_text = await asyncio.wait_for(gateway.backend.metrics_text(), 5.0)
+    except asyncio.TimeoutError:
+        backend_text = "# backend metrics timed out\n"
+    text = gateway.metrics.render().decode("utf-8")
+    if backend_text:
+        text = text + ("" if text.endswith("\n") else "\n") + backend_text
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": request.app[GATEWAY].config.version})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    tok = gateway.require_tokenizer()
+    if body.get("messages") is not None:
+        add_gen = F.opt_bool(body, "add_generation_prompt")
+        ids = chat_prompt_ids(gateway, parse_messages(body["messages"]), True if add_gen is None else add_gen)
+    else:
+        prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
+        if prompt is None:
+            raise bad_request("'prompt' or 'messages' is required", param="prompt")
+        add_special = F.opt_bool(body, "add_special_tokens")
+        ids = tok.encode(prompt, add_special_tokens=True if add_special is None else add_special)
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": gateway.config.max_model_len, "tokens": ids}
+    if F.opt_bool(body, "return_token_strs"):
+        out["token_strs"] = tok.token_strings(ids)
+    return web.json_response(out)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    tok = gateway.require_tokenizer()
+    if body.get("tokens") is None:
+        raise bad_request("'tokens' is required", param="tokens")
+    ids = F.token_ids(body["tokens"], "tokens", tok.vocab_size, allow_empty=True)
+    return web.json_response({"prompt": tok.decode(ids, skip_special_tokens=False)})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return web.json_response(openapi_document(gateway.config.version, secured=bool(gateway.config.api_key), vocab_size=gateway.vocab_size))

@@ -1,0 +1,109 @@
+"""POST /v1/completions and POST /v1/chat/completions: validate, build the
+prompt(s), hand them to `generation.respond`."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from kvserve.frontend.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
+from kvserve.frontend.chat_template import ChatTemplateError, render_chat
+from kvserve.frontend.errors import ApiError, bad_request
+from kvserve.frontend.generation import Call, respond
+from kvserve.frontend.middleware import request_span
+from kvserve.frontend.protocol import GenerateRequest
+from kvserve.frontend.request_body import read_json_body
+from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.tracing_seam import backend_traceparent
+
+
+def _context_error(prompt_len: int, max_tokens: int, limit: int, param: str) -> ApiError:
+    return ApiError(
+        400,
+        f"context_length_exceeded: this model's maximum context length is {limit} tokens; "
+        f"the request has {prompt_len} prompt tokens and asks for {max_tokens} more",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, param: str, *, fill_default: bool) -> None:
+    """Check prompt + max_tokens against --max-model-len when the gateway knows it
+    (the engine checks too; this only saves a round trip). For chat, a missing
+    max_tokens means "up to the context limit", as vLLM does."""
+    limit = gateway.config.max_model_len
+    if limit is None:
+        return
+    if "max_tokens" not in sampling:
+        if not fill_default:
+            return
+        if len(prompt_ids) >= limit:
+            raise _context_error(len(prompt_ids), 1, limit, param)
+        sampling["max_tokens"] = limit - len(prompt_ids)
+    elif len(prompt_ids) + sampling["max_tokens"] > limit:
+        raise _context_error(len(prompt_ids), sampling["max_tokens"], limit, param)
+
+
+# Response and Triton request ids are always fresh uuids: the engine keys its
+# requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
+def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
+    traceparent = backend_traceparent(request_span(request))
+    return [
+        GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent)
+        for i, p in enumerate(prompts)
+    ]
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    req: CompletionRequest = parse_completion(body, gateway.vocab_size)
+    model = gateway.resolve_model(req.model)
+    for prompt in req.prompts:
+        if isinstance(prompt, list):
+            _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
+    echo_texts = None
+    if req.echo:
+        echo_texts = [
+            p if isinstance(p, str) else gateway.require_tokenizer().decode(p, skip_special_tokens=False)
+            for p in req.prompts
+        ]
+    await gateway.ensure_ready()
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
+                include_usage=req.include_usage, echo_texts=echo_texts)
+    subs = _subrequests(request, rid, req.prompts, req.sampling, req.stream)
+    return await respond(request, gateway, call, subs, req.stream)
+
+
+def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    tok = gateway.require_tokenizer()
+    try:
+        text = render_chat(
+            gateway.chat_template(),
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+        )
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    ids = tok.encode(text, add_special_tokens=False)
+    if not ids:
+        raise bad_request("the rendered conversation is empty", param="messages")
+    return ids
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    req: ChatRequest = parse_chat(body, gateway.vocab_size)
+    model = gateway.resolve_model(req.model)
+    ids = chat_prompt_ids(gateway, req.messages, req.add_generation_prompt)
+    _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
+    await gateway.ensure_ready()
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage)
+    subs = _subrequests(request, rid, [ids], req.sampling, req.stream)
+    return await respond(request, gateway, call, subs, req.stream)

@@ -1,0 +1,121 @@
+"""aiohttp middlewares, outermost first:
+
+1. `observe`  - server span, request id, metrics by route template and status,
+                optional one-line request log (never the prompt);
+2. `errors`   - every failure becomes an OpenAI error object; aiohttp's own
+                404/405/413 included; no traceback reaches the client;
+3. `auth`     - Bearer API key on /v1/* and the tokenize routes.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+import time
+import uuid
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from opentelemetry import trace
+
+from kvserve.frontend.errors import ApiError, internal_error
+from kvserve.frontend.state import GATEWAY
+from kvserve.frontend.tracing_seam import ServerSpan, start_server_span
+from kvserve.observability.logging import request_context
+
+log = logging.getLogger("kvserve.frontend.http")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SPAN_KEY = "kvserve_span"
+REQUEST_ID_KEY = "kvserve_request_id"
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+_CLIENT_GONE = 499  # nginx's convention for "client closed the request"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+
+
+def route_template(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def request_id(request: web.Request) -> str:
+    return request[REQUEST_ID_KEY]
+
+
+def request_span(request: web.Request) -> ServerSpan | None:
+    return request.get(SPAN_KEY)
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    route = route_template(request)
+    incoming = request.headers.get("X-Request-Id", "")
+    rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+    request[REQUEST_ID_KEY] = rid
+    span = start_server_span(request, route)
+    request[SPAN_KEY] = span
+    start = time.perf_counter()
+    status = 500
+    # The span is current for the handler, so log lines inside carry its trace id.
+    with trace.use_span(span.span, end_on_exit=False), request_context(rid, traceparent=span.incoming):
+        try:
+            response = await handler(request)
+            status = response.status
+            if not response.prepared:
+                response.headers["X-Request-Id"] = rid
+            return response
+        except asyncio.CancelledError:
+            status = _CLIENT_GONE
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            gateway.metrics.observe_request(route, status, elapsed)
+            span.set_status(status)
+            span.end()
+            if gateway.config.log_requests:
+                log.info("http request", extra={"method": request.method, "route": route,
+                                                "status": status, "duration_s": round(elapsed, 4)})
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.to_response()
+    except web.HTTPException as exc:
+        return _from_http_exception(request, exc).to_response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, route_template(request))
+        return internal_error().to_response()
+
+
+def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
+    if exc.status == 404:
+        return ApiError(404, f"no route {request.method} {request.path[:100]}", code="not_found")
+    if exc.status == 405:
+        allow = exc.headers.get("Allow", "")
+        return ApiError(405, f"method {request.method} not allowed here", code="method_not_allowed", headers={"Allow": allow})
+    if exc.status == 413:
+        limit = request.app[GATEWAY].config.max_request_body_bytes
+        return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    return ApiError(exc.status, exc.reason or "request failed")
+
+
+@web.middleware
+async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    key = request.app[GATEWAY].config.api_key
+    if key and request.path.startswith(PROTECTED_PREFIXES):
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+        if not ok:
+            raise ApiError(401, "invalid or missing API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return await handler(request)
+
+
+MIDDLEWARES = [observe, errors, auth]

@@ -1,0 +1,193 @@
+"""OpenAPI 3.0 description of the gateway's routes, with the same limits the
+validators enforce (so a schema-driven fuzzer's valid inputs are accepted and
+its invalid ones get 4xx). Built as data at request time: the vocabulary size
+bounds token ids and the security section depends on --api-key.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.frontend.api_requests import CHAT_ROLES, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PROMPTS, MAX_STOP, MAX_STOP_CHARS
+
+
+def _num(lo: float | None = None, hi: float | None = None, *, exclusive_lo: bool = False, integer: bool = False) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "integer" if integer else "number", "nullable": True}
+    if lo is not None:
+        s["minimum"] = lo
+        if exclusive_lo:
+            s["exclusiveMinimum"] = True
+    if hi is not None:
+        s["maximum"] = hi
+    return s
+
+
+def _bool() -> dict[str, Any]:
+    return {"type": "boolean", "nullable": True}
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": {"type": "string", "maxLength": 512, "nullable": True},
+        "max_tokens": _num(1, integer=True),
+        "min_tokens": _num(0, integer=True),
+        "temperature": _num(0, 2),
+        "top_p": _num(0, 1, exclusive_lo=True),
+        "top_k": _num(-1, integer=True),
+        "min_p": _num(0, 1),
+        "n": _num(1, MAX_N, integer=True),
+        "seed": _num(-(2**63), 2**64 - 1, integer=True),
+        "stop": {"nullable": True, "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
+            {"type": "array", "maxItems": MAX_STOP, "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}},
+        ]},
+        "stop_token_ids": {"type": "array", "maxItems": MAX_STOP, "items": token_id, "nullable": True},
+        "presence_penalty": _num(-2, 2),
+        "frequency_penalty": _num(-2, 2),
+        "repetition_penalty": _num(0, 2, exclusive_lo=True),
+        "ignore_eos": _bool(),
+        "logit_bias": {"type": "object", "nullable": True, "maxProperties": MAX_LOGIT_BIAS,
+                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+        "user": {"type": "string", "maxLength": 256, "nullable": True},
+        "stream": _bool(),
+        "stream_options": {"type": "object", "nullable": True, "description": "only with stream: true",
+                           "properties": {"include_usage": _bool()}},
+        "response_format": {"type": "object", "nullable": True, "required": ["type"],
+                            "properties": {"type": {"type": "string", "enum": ["text"]}}},
+        "cache_salt": {"type": "string", "minLength": 1, "maxLength": 256, "nullable": True},
+        "include_stop_str_in_output": _bool(),
+        "skip_special_tokens": _bool(),
+    }
+
+
+def _schemas(vocab_size: int | None) -> dict[str, Any]:
+    token_id: dict[str, Any] = {"type": "integer", "minimum": 0}
+    if vocab_size is not None:
+        token_id["maximum"] = vocab_size - 1
+    ids = {"type": "array", "minItems": 1, "items": token_id}
+    text_part = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+    message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"type": "string", "enum": sorted(CHAT_ROLES)},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+        "name": {"type": "string"},
+    }}
+    usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+        "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
+        "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
+    }}
+    finish = {"type": "string", "nullable": True}
+    return {
+        "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
+            **_sampling_props(token_id),
+            "prompt": {"oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": {"type": "string", "minLength": 1}},
+                ids,
+                {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": ids},
+            ]},
+            "echo": _bool(),
+            "logprobs": _num(0, MAX_LOGPROBS, integer=True),
+        }},
+        "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+            **_sampling_props(token_id),
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            "max_completion_tokens": _num(1, integer=True),
+            "logprobs": _bool(),
+            "top_logprobs": _num(0, MAX_LOGPROBS, integer=True),
+        }},
+        "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+            "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
+            "created": {"type": "integer"}, "model": {"type": "string"}, "usage": usage,
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"], "properties": {
+                "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish,
+                "logprobs": {"type": "object", "nullable": True}}}},
+        }},
+        "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+            "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
+            "created": {"type": "integer"}, "model": {"type": "string"}, "usage": usage,
+            "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
+                "index": {"type": "integer"}, "finish_reason": finish,
+                "message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string", "nullable": True}}},
+                "logprobs": {"type": "object", "nullable": True}}}},
+        }},
+        "Model": {"type": "object", "required": ["id", "object"], "properties": {
+            "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
+            "owned_by": {"type": "string"}, "root": {"type": "string"}, "max_model_len": {"type": "integer", "nullable": True}}},
+        "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
+            "object": {"type": "string"}, "data": {"type": "array", "items": _ref("Model")}}},
+        "TokenizeRequest": {"type": "object", "properties": {
+            "model": {"type": "string", "nullable": True}, "prompt": {"type": "string"},
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            "add_special_tokens": _bool(), "add_generation_prompt": _bool(), "return_token_strs": _bool()}},
+        "TokenizeResponse": {"type": "object", "required": ["count", "tokens"], "properties": {
+            "count": {"type": "integer"}, "max_model_len": {"type": "integer", "nullable": True},
+            "tokens": {"type": "array", "items": {"type": "integer"}},
+            "token_strs": {"type": "array", "items": {"type": "string"}}}},
+        "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
+            "model": {"type": "string", "nullable": True}, "tokens": {"type": "array", "items": token_id}}},
+        "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["message", "type"], "properties": {
+                "message": {"type": "string"}, "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True}, "code": {"type": "string", "nullable": True}}}}},
+    }
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _post(summary: str, request: str, response: str, *, stream: bool, protected: bool) -> dict[str, Any]:
+    ok: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
+    if stream:
+        ok["text/event-stream"] = {"schema": {"type": "string", "description": "SSE chunks, then data: [DONE]"}}
+    responses = {"200": {"description": "OK", "content": ok}, "400": _error("invalid request"),
+                 "404": _error("unknown model"), "413": _error("body too large"),
+                 "415": _error("body is not JSON")}
+    if stream:
+        responses["503"] = _error("backend not ready")
+        responses["500"] = _error("engine failure")
+    if protected:
+        responses["401"] = _error("missing or wrong API key")
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+        "application/json": {"schema": _ref(request)}}}, "responses": responses}}
+
+
+def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> dict[str, Any]:
+    def get(summary: str, schema: dict[str, Any] | None, *extra: tuple[str, dict[str, Any]], protected: bool = False) -> dict[str, Any]:
+        content = {"application/json": {"schema": schema}} if schema else {"text/plain": {"schema": {"type": "string"}}}
+        responses: dict[str, Any] = {"200": {"description": "OK", "content": content}, **dict(extra)}
+        if protected and secured:
+            responses["401"] = _error("missing or wrong API key")
+        return {"get": {"summary": summary, "responses": responses}}
+
+    paths = {
+        "/v1/completions": _post("Create a text completion", "CompletionRequest", "Completion", stream=True, protected=secured),
+        "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest", "ChatCompletion", stream=True, protected=secured),
+        "/tokenize": _post("Tokenize a prompt or a conversation", "TokenizeRequest", "TokenizeResponse", stream=False, protected=secured),
+        "/detokenize": _post("Turn token ids back into text", "DetokenizeRequest", "DetokenizeResponse", stream=False, protected=secured),
+        "/v1/models": get("List served models", _ref("ModelList"), protected=True),
+        "/v1/models/{model}": {"get": {**get("Describe one model", _ref("Model"), ("404", _error("unknown model")), protected=True)["get"],
+                                       "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}},
+        "/health": get("200 when the backend is ready", {"type": "object"}, ("503", _error("backend not ready"))),
+        "/metrics": get("Prometheus metrics of the gateway and its backends", None),
+        "/version": get("Server version", {"type": "object", "properties": {"version": {"type": "string"}}}),
+        "/openapi.json": get("This document", {"type": "object"}),
+    }
+    doc: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {"title": "kvserve OpenAI-compatible API", "version": version},
+        "paths": paths,
+        "components": {"schemas": _schemas(vocab_size)},
+    }
+    if secured:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, item in paths.items():
+            if path.startswith(("/v1/", "/tokenize", "/detokenize")):
+                for op in item.values():
+                    op["security"] = [{"bearer": []}]
+    return doc

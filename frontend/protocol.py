@@ -1,0 +1,104 @@
+"""The contract between the HTTP layer and whatever runs the model.
+
+All HTTP logic talks to a `BackendClient`; `TritonBackendClient` implements it
+over KServe v2 gRPC, `ReplicaSet` balances several of them, and the tests use
+an in-memory fake. Nothing here imports gRPC, so the HTTP code can be tested
+without a server.
+
+One `generate()` call is one Triton request: one prompt, `n` choices. Every
+`ChoiceDelta` it yields belongs to exactly one choice (its `index` is the
+choice index inside this request, 0..n-1). A choice is finished when a delta
+for it carries a non-empty `finish_reason`. Closing the iterator early (break,
+`aclose()`, or cancelling the task that iterates) cancels the request in the
+backend at once, so the engine frees its KV blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol, runtime_checkable
+
+
+@dataclass(slots=True, frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """The sampled token's logprob plus the top alternatives the client asked for."""
+
+    token_id: int
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt: str | list[int]  # text goes to `text_input`, token ids to `input_ids`
+    sampling: dict[str, Any]  # SamplingParams field -> value; sent as JSON
+    stream: bool = True
+    traceparent: str | None = None  # W3C trace context for the backend's spans
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # None while running
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # cumulative for this choice
+    cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one entry per new token when requested
+
+
+class BackendError(Exception):
+    """Base for failures of one backend request."""
+
+
+class BackendUnavailable(BackendError):
+    """Transport failure or backend not ready: HTTP 503, the request may be retried."""
+
+
+class BackendRejected(BackendError):
+    """The engine refused the request (bad field, prompt too long, overloaded).
+
+    `field` is the SamplingParams field named at the start of the engine's
+    message, `code` a machine-readable reason such as `context_length_exceeded`.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None, overloaded: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.code = code
+        self.overloaded = overloaded
+
+
+class BackendFailed(BackendError):
+    """The engine failed while running the request (finish_reason "error" or an internal error)."""
+
+
+@runtime_checkable
+class BackendClient(Protocol):
+    name: str  # for logs and metrics labels: a URL or "fake"
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
+        """Run one request; raises BackendError subclasses from the iterator."""
+        ...
+
+    async def ready(self) -> bool:
+        """True when the server and the model are ready to take requests."""
+        ...
+
+    async def metrics_text(self) -> str:
+        """The backend's Prometheus exposition text ("" when it has none)."""
+        ...
+
+    async def close(self) -> None: ...

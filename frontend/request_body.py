@@ -1,0 +1,36 @@
+"""Read a JSON request body with the checks every POST route shares:
+415 unless the body is JSON, 413 when over the configured limit, 400 when it
+does not parse or is not an object."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from kvserve.frontend.errors import ApiError, bad_request
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+
+
+async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
+    ctype = request.content_type
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise ApiError(415, "Content-Type must be application/json", code="unsupported_media_type")
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)  # refuse before reading a byte of it
+    try:
+        raw = await request.read()  # the app's client_max_size bounds chunked bodies too
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit) from None
+    if len(raw) > limit:
+        raise _too_large(limit)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    return body

@@ -1,0 +1,208 @@
+"""`kvserve serve`: one command that serves a model over the OpenAI API.
+
+Without --triton-url it starts the embedded Triton-compatible host as a child
+process (the engine lives there), waits for its ready line, then runs the
+gateway in this process; with --triton-url the gateway talks to running
+tritonserver(s) or hosts instead, balancing between them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import kvserve.frontend
+from kvserve.frontend.app import build_app, start_app
+from kvserve.frontend.chat_template import resolve_template_arg
+from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
+from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
+from kvserve.frontend.protocol import BackendClient
+from kvserve.frontend.replicas import ReplicaSet
+from kvserve.frontend.state import DEFAULT_MAX_BODY, Gateway, GatewayConfig
+from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.triton_client import TritonBackendClient
+
+log = logging.getLogger("kvserve.frontend.serve")
+
+# Flags the gateway itself uses even when the engine runs elsewhere.
+_GATEWAY_SIDE = {"served_model_name", "tokenizer", "max_model_len", "chat_template", "log_format",
+                 "log_requests", "otlp_traces_endpoint"}
+
+
+class UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvserve serve", description="Serve a model with an OpenAI-compatible API.")
+    p.add_argument("model_tag", nargs="?", help="model folder (same as --model, like `vllm serve MODEL`)")
+    p.add_argument("--model", help="model folder in the Hugging Face layout (default: a built-in tiny model)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: pick a free one)")
+    p.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $KVSERVE_API_KEY)")
+    p.add_argument("--triton-url", action="append", default=[], metavar="HOST:PORT",
+                   help="use running Triton server(s) over gRPC instead of starting the embedded host; repeat to balance")
+    p.add_argument("--triton-metrics-url", action="append", default=[], metavar="URL",
+                   help="metrics URL of each --triton-url, same order (default: http://HOST:<grpc port + 1>/metrics)")
+    p.add_argument("--triton-model-name", default="llm", help="model name in the Triton repository")
+    p.add_argument("--model-repository", help="Triton model repository for the embedded host")
+    p.add_argument("--max-request-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY,
+                   help="larger bodies get 413 (default 4MiB)")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
+    add_engine_flags(p)
+    return p
+
+
+@dataclass(slots=True)
+class Plan:
+    model_dir: Path | None
+    tokenizer_dir: Path | None
+    served_names: list[str]
+    remote: bool
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    if args.model and args.model_tag and args.model != args.model_tag:
+        raise UsageError("give the model once: either positionally or with --model")
+    model = args.model or args.model_tag
+    model_dir = Path(model).expanduser() if model else None
+    remote = bool(args.triton_url)
+    if model_dir is not None and not model_dir.is_dir() and not remote:
+        raise UsageError(f"--model {model}: not a local folder (kvserve loads models from disk, no hub downloads)")
+    if model_dir is not None and not model_dir.is_dir():
+        model_dir = None  # remote: the name is only what clients call the model
+    tokenizer_dir = Path(args.tokenizer).expanduser() if args.tokenizer else model_dir
+    if remote and tokenizer_dir is None:
+        raise UsageError("--triton-url needs the model's tokenizer for chat templates and /tokenize: "
+                         "pass --model DIR or --tokenizer DIR (a folder with tokenizer.json)")
+    if args.served_model_name:
+        names = list(args.served_model_name)
+    elif model:
+        names = [model]
+    else:
+        names = [args.triton_model_name if remote else DEFAULT_MODEL_NAME]
+    if remote:
+        ignored = [f.flag for f in ENGINE_FLAGS if f.field not in _GATEWAY_SIDE and getattr(args, f.field) is not None]
+        if ignored:
+            log.warning("engine flags %s are ignored with --triton-url (set them on the Triton side)", " ".join(ignored))
+    return Plan(model_dir, tokenizer_dir, names, remote)
+
+
+def _metrics_url(grpc_url: str, explicit: str | None) -> str | None:
+    if explicit:
+        return explicit
+    host, _, port = grpc_url.rpartition(":")
+    return f"http://{host}:{int(port) + 1}/metrics" if port.isdigit() else None
+
+
+def model_repository(args: argparse.Namespace) -> str:
+    if args.model_repository:
+        return str(Path(args.model_repository).resolve())
+    return str(Path(kvserve.frontend.__file__).resolve().parent.parent / "model_repository")
+
+
+def start_host(args: argparse.Namespace, model_dir: Path) -> tuple[HostProcess, TritonBackendClient]:
+    env = {**os.environ, **engine_env(args), "KVSERVE_MODEL": str(model_dir.resolve()), "PYTHONUNBUFFERED": "1"}
+    host = HostProcess(host_command(model_repository(args), free_port(), free_port()), env)
+    address = host.start(args.startup_timeout)
+    client = TritonBackendClient(address.grpc, model_name=args.triton_model_name,
+                                 metrics_url=f"http://{address.metrics}/metrics")
+    return host, client
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kvserve")
+    except Exception:
+        return "0.1.0"
+
+
+def _raise_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess | None) -> int:
+    app = build_app(gateway)
+    runner, bound = await start_app(app, host, port)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    exit_code = 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"kvserve gateway ready http://{host}:{bound} model={gateway.default_model} "
+          f"backend={gateway.backend.name}", flush=True)
+    if not await gateway.backend.ready():
+        log.warning("the backend is not ready yet; /health answers 503 until it is")
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except asyncio.TimeoutError:
+            if child is not None and not child.alive():
+                log.error("the embedded host exited; stopping")
+                exit_code = 1
+                break
+    log.info("shutting down")
+    await runner.cleanup()  # cancels open requests, which cancels their Triton requests
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from kvserve.observability.logging import configure_logging
+    from kvserve.observability.tracing import setup_tracing
+
+    configure_logging(fmt=args.log_format, log_requests=args.log_requests)
+    try:
+        plan = plan_from_args(args)
+        chat_template = resolve_template_arg(args.chat_template)
+        setup_tracing(args.otlp_traces_endpoint, service_name="kvserve-gateway")
+    except (UsageError, FileNotFoundError, ValueError) as exc:
+        print(f"kvserve serve: error: {exc}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _raise_exit)  # clean up the child if stopped while starting
+    child: HostProcess | None = None
+    try:
+        backend: BackendClient
+        if plan.remote:
+            metrics = args.triton_metrics_url + [None] * len(args.triton_url)
+            clients = [TritonBackendClient(u, model_name=args.triton_model_name, metrics_url=_metrics_url(u, m))
+                       for u, m in zip(args.triton_url, metrics)]
+            backend = clients[0] if len(clients) == 1 else ReplicaSet(clients)
+            model_dir = plan.model_dir
+        else:
+            model_dir = plan.model_dir or ensure_default_model()
+            child, backend = start_host(args, model_dir)
+        tokenizer_dir = plan.tokenizer_dir or model_dir
+        tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        config = GatewayConfig(
+            served_model_names=plan.served_names,
+            model_root=str(model_dir) if model_dir else None,
+            api_key=args.api_key or None,
+            max_request_body_bytes=args.max_request_body_bytes,
+            max_model_len=args.max_model_len,
+            chat_template=chat_template,
+            log_requests=bool(args.log_requests),
+            version=_version(),
+        )
+        signal.signal(signal.SIGTERM, previous)  # from here the event loop handles it
+        return asyncio.run(run_gateway(Gateway(config, backend, tokenizer), args.host, args.port, child))
+    except (HostStartError, RuntimeError, OSError) as exc:
+        print(f"kvserve serve: error: {exc}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, SystemExit):
+        return 0
+    finally:
+        if child is not None:
+            child.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

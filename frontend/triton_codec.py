@@ -1,0 +1,154 @@
+"""Turns a GenerateRequest into a KServe v2 `ModelInferRequest` and the llm
+model's responses back into `ChoiceDelta`s. Pure functions over protobufs, so
+they are unit-tested without a server.
+
+The tensor contract is `model_repository/llm/config.pbtxt`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+from typing import Any
+
+from tritonclient.grpc import InferResult, service_pb2
+
+from kvserve.frontend.protocol import (
+    BackendError,
+    BackendFailed,
+    BackendRejected,
+    ChoiceDelta,
+    GenerateRequest,
+    TokenLogprob,
+    TopLogprob,
+)
+
+# The SamplingParams fields the engine names at the start of a validation error
+# ("max_tokens: must be >= 1"), plus the prompt itself.
+SAMPLING_FIELDS = frozenset(
+    {
+        "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+        "stop", "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
+        "repetition_penalty", "logprobs", "logit_bias", "include_stop_str_in_output",
+        "skip_special_tokens", "cache_salt", "prompt", "input_ids", "text_input", "sampling_parameters",
+    }
+)
+# Triton may wrap the model's message ("... message: ValueError: max_tokens: ..."),
+# so the field is searched for, not only matched at position 0.
+_FIELD_ERROR = re.compile(r"(?:^|[\s:])(" + "|".join(sorted(SAMPLING_FIELDS, key=len, reverse=True)) + r"): ")
+_CONTEXT_ERROR = "context_length_exceeded"
+# The engine's "unavailable: the waiting queue is full" (EngineOverloaded / closed).
+_OVERLOADED = re.compile(r"(?:^|[\s:])(unavailable|overloaded):")
+# The gateway never sends `timeout`, so a "timeout: ..." error is the engine
+# ending a request that ran past its deadline, not a validation error.
+_TIMEOUT = re.compile(r"(?:^|[\s:])timeout:")
+
+FINAL_PARAM = "triton_final_response"
+EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
+
+
+def _bytes_tensor(values: list[bytes]) -> bytes:
+    # KServe BYTES raw layout: each element is a little-endian uint32 length + the bytes.
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def build_request(model_name: str, req: GenerateRequest) -> service_pb2.ModelInferRequest:
+    msg = service_pb2.ModelInferRequest(model_name=model_name, id=req.request_id)
+    if isinstance(req.prompt, str):
+        _add_input(msg, "text_input", "BYTES", [1], _bytes_tensor([req.prompt.encode("utf-8")]))
+    else:
+        ids = req.prompt
+        _add_input(msg, "input_ids", "INT32", [len(ids)], struct.pack(f"<{len(ids)}i", *ids))
+    sampling = json.dumps(req.sampling, separators=(",", ":")).encode("utf-8")
+    _add_input(msg, "sampling_parameters", "BYTES", [1], _bytes_tensor([sampling]))
+    _add_input(msg, "stream", "BOOL", [1], b"\x01" if req.stream else b"\x00")
+    # Without this, a model that ends a request with a flags-only FINAL response
+    # (no tensors) would leave the client waiting for an end it never sees.
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
+    if req.traceparent:
+        msg.parameters["traceparent"].string_param = req.traceparent
+    return msg
+
+
+def _add_input(msg: service_pb2.ModelInferRequest, name: str, dtype: str, shape: list[int], raw: bytes) -> None:
+    tensor = msg.inputs.add()
+    tensor.name = name
+    tensor.datatype = dtype
+    tensor.shape.extend(shape)
+    msg.raw_input_contents.append(raw)
+
+
+def is_final(resp: service_pb2.ModelInferResponse) -> bool:
+    return FINAL_PARAM in resp.parameters and resp.parameters[FINAL_PARAM].bool_param
+
+
+def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
+    """One model response -> one choice's delta; None for an empty (flags-only) response."""
+    if not resp.outputs:
+        return None
+    result = InferResult(resp)
+    finish = _first_str(result, "finish_reason")
+    delta = ChoiceDelta(
+        index=_first_int(result, "index"),
+        text=_first_str(result, "text_output"),
+        token_ids=_ints(result, "output_ids"),
+        finish_reason=finish or None,
+        prompt_tokens=_first_int(result, "prompt_tokens"),
+        completion_tokens=_first_int(result, "completion_tokens"),
+        cached_tokens=_first_int(result, "cached_tokens"),
+    )
+    raw_logprobs = _first_str(result, "logprobs")
+    if raw_logprobs:
+        delta.logprobs = parse_logprobs(raw_logprobs)
+    return delta
+
+
+def _first_str(result: InferResult, name: str) -> str:
+    arr = result.as_numpy(name)
+    if arr is None or arr.size == 0:
+        return ""
+    value = arr.reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _first_int(result: InferResult, name: str) -> int:
+    arr = result.as_numpy(name)
+    return int(arr.reshape(-1)[0]) if arr is not None and arr.size else 0
+
+
+def _ints(result: InferResult, name: str) -> list[int]:
+    arr = result.as_numpy(name)
+    return [int(x) for x in arr.reshape(-1)] if arr is not None else []
+
+
+def parse_logprobs(raw: str) -> list[TokenLogprob]:
+    entries: list[dict[str, Any]] = json.loads(raw)
+    return [
+        TokenLogprob(
+            token_id=int(e["token_id"]),
+            token=str(e.get("token", "")),
+            logprob=float(e["logprob"]),
+            bytes=e.get("bytes"),
+            top_logprobs=[
+                TopLogprob(int(t["token_id"]), str(t.get("token", "")), float(t["logprob"]), t.get("bytes"))
+                for t in e.get("top_logprobs") or []
+            ],
+        )
+        for e in entries
+    ]
+
+
+def classify_error(message: str) -> BackendError:
+    """Map the engine's error text onto the gateway's error kinds."""
+    if _CONTEXT_ERROR in message:
+        start = message.index(_CONTEXT_ERROR)
+        return BackendRejected(message[start:], field="prompt", code=_CONTEXT_ERROR)
+    if _OVERLOADED.search(message):
+        return BackendRejected(message, overloaded=True)
+    timeout = _TIMEOUT.search(message)
+    if timeout:
+        return BackendRejected(message[timeout.start():].lstrip(" :"), code="timeout")
+    match = _FIELD_ERROR.search(message)
+    if match:
+        return BackendRejected(message[match.start(1):], field=match.group(1))
+    return BackendFailed(message)
