@@ -220,5 +220,8 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
             max_seq_len = int(seq_lens.max())
         num_splits = choose_num_splits(query.shape[0], key_cache.shape[2], max_seq_len, num_sms(query.device))
     check(num_splits >= 1, "num_splits must be >= 1")
+    if max_seq_len is not None:  # a short table would make the kernel read past it
+        check(block_tables.shape[1] * key_cache.shape[1] >= max_seq_len,
+              f"block_tables has too few columns for max_seq_len={max_seq_len}")
     _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits)
     return out

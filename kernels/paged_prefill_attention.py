@@ -162,11 +162,13 @@ def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query
 def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                    query_start_loc: torch.Tensor, scale: float, *,
-                                   max_query_len: int | None = None,
+                                   max_query_len: int | None = None, max_seq_len: int | None = None,
                                    out: torch.Tensor | None = None) -> torch.Tensor:
     """query [T, Hq, D] -> out [T, Hq, D]; same contract as `paged_prefill_attention_torch`.
 
-    `max_query_len` (from the batch metadata) sizes the grid without a device sync.
+    `max_query_len` (from the batch metadata) sizes the grid without a device
+    sync; `max_seq_len`, when given, lets the launcher check the block table is
+    wide enough.
     """
     check(query.dim() == 3, "query must be [num_tokens, num_heads, head_size]")
     if out is None:
@@ -177,6 +179,9 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_query_len == 0:
         return out
+    if max_seq_len is not None:  # a short table would make the kernel read past it
+        check(block_tables.shape[1] * key_cache.shape[1] >= max_seq_len,
+              f"block_tables has too few columns for max_seq_len={max_seq_len}")
     _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out, scale,
                     max_query_len)
     return out

@@ -30,7 +30,8 @@ class TritonOps:
             return paged_decode_attention_triton(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                                                  scale, max_seq_len=int(meta.max_seq_len))
         return paged_prefill_attention_triton(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-                                              meta.query_start_loc, scale, max_query_len=int(meta.max_query_len))
+                                              meta.query_start_loc, scale, max_query_len=int(meta.max_query_len),
+                                              max_seq_len=int(meta.max_seq_len))
 
     def rms_norm(self, x, weight, eps, residual=None):
         return rms_norm_triton(x, weight, eps, residual)

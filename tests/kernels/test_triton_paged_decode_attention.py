@@ -74,3 +74,11 @@ def test_choose_num_splits():
     assert long >= 16 and long & (long - 1) == 0             # many splits, a power of two
     assert choose_num_splits(1, 8, 2048, 132) <= long        # never more splits for less context
     assert choose_num_splits(1, 1, 10**7, 10**4) == 64       # capped
+
+
+def test_block_table_too_narrow_is_refused(device):
+    kv = make_paged_kv([40], NUM_KV_HEADS, 64, 16, torch.float32, device, torch.Generator().manual_seed(4))
+    query = torch.randn(1, NUM_KV_HEADS, 64, device=device)
+    with pytest.raises(ValueError, match="too few columns"):
+        paged_decode_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables[:, :2], kv.seq_lens,
+                                      0.125, max_seq_len=40)
