@@ -1,0 +1,126 @@
+"""Tensors between KServe v2 protobuf messages and pb_utils.Tensor.
+
+Inputs arrive either as `raw_input_contents` (one buffer per input, BYTES as
+<uint32 LE length><bytes> elements) or as typed `contents`; outputs always go
+out as `raw_output_contents`, the form tritonserver uses.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from .errors import InferError
+from .pb_utils.dtypes import WIRE_TO_NUMPY, deserialize_bytes_tensor, serialize_byte_tensor, wire_dtype_of
+from .pb_utils.errors import TritonError
+from .pb_utils.response import InferenceResponse
+from .pb_utils.tensor import Tensor
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+    "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def _element_count(shape: Sequence[int]) -> int:
+    return int(math.prod(shape)) if shape else 1
+
+
+def _decode_one(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, rid: str) -> np.ndarray:
+    dtype = tensor.datatype
+    shape = [int(d) for d in tensor.shape]
+    if any(d < 0 for d in shape):
+        raise InferError(TritonError.INVALID_ARG, f"[request id: {rid}] input '{tensor.name}' has a negative dimension")
+    count = _element_count(shape)
+    if dtype not in WIRE_TO_NUMPY:
+        raise InferError(TritonError.INVALID_ARG,
+                         f"[request id: {rid}] input '{tensor.name}' has unsupported data-type '{dtype}'")
+    if raw is not None:
+        if dtype == "BYTES":
+            try:
+                flat = deserialize_bytes_tensor(raw)
+            except ValueError as exc:
+                raise InferError(TritonError.INVALID_ARG,
+                                 f"[request id: {rid}] input '{tensor.name}': {exc}") from None
+            if flat.size != count:
+                raise InferError(TritonError.INVALID_ARG,
+                                 f"[request id: {rid}] expected {count} string elements for inference input "
+                                 f"'{tensor.name}', got {flat.size}")
+            return flat.reshape(shape)
+        np_type = np.dtype(WIRE_TO_NUMPY[dtype])
+        if len(raw) != count * np_type.itemsize:
+            raise InferError(TritonError.INVALID_ARG,
+                             f"[request id: {rid}] unexpected total byte size {len(raw)} for input "
+                             f"'{tensor.name}', expecting {count * np_type.itemsize}")
+        # A copy: models may modify inputs in place, which a buffer-backed view forbids.
+        return np.frombuffer(raw, dtype=np_type).reshape(shape).copy()
+    field = _CONTENTS_FIELD.get(dtype)
+    values = list(getattr(tensor.contents, field)) if field else []
+    if len(values) != count:
+        raise InferError(TritonError.INVALID_ARG,
+                         f"[request id: {rid}] unexpected number of elements {len(values)} in contents of input "
+                         f"'{tensor.name}', expecting {count}")
+    if dtype == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = [bytes(v) for v in values]
+        return out.reshape(shape)
+    return np.array(values, dtype=WIRE_TO_NUMPY[dtype]).reshape(shape)
+
+
+def decode_inputs(request: pb.ModelInferRequest, rid: str) -> list[Tensor]:
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InferError(TritonError.INVALID_ARG,
+                         f"[request id: {rid}] expected {len(request.inputs)} raw input contents, got {len(raw)}")
+    tensors = []
+    for index, tensor in enumerate(request.inputs):
+        if raw and tensor.HasField("contents"):
+            raise InferError(TritonError.INVALID_ARG,
+                             f"[request id: {rid}] contents field must not be specified when using "
+                             f"raw_input_contents for '{tensor.name}' for model '{request.model_name}'")
+        tensors.append(Tensor(tensor.name, _decode_one(tensor, raw[index] if raw else None, rid)))
+    return tensors
+
+
+def _set_parameter(param: pb.InferParameter, value: Any) -> None:
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
+
+
+def encode_response(
+    response: InferenceResponse, *, model_name: str, model_version: str, request_id: str,
+    requested_outputs: frozenset[str] | None,
+) -> pb.ModelInferResponse:
+    """Serialise now: like Triton's send, later edits to the arrays are not seen."""
+    out = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    for key, value in json.loads(response.parameters()).items():
+        _set_parameter(out.parameters[key], value)
+    for tensor in response.output_tensors():
+        if requested_outputs is not None and tensor.name() not in requested_outputs:
+            continue
+        array = tensor.as_numpy()
+        dtype = wire_dtype_of(array)
+        spec = out.outputs.add(name=tensor.name(), datatype=dtype)
+        spec.shape.extend(int(d) for d in array.shape)
+        if dtype == "BYTES":
+            data = serialize_byte_tensor(array)
+            out.raw_output_contents.append(data if isinstance(data, bytes) else b"")
+        else:
+            out.raw_output_contents.append(array.tobytes(order="C"))
+    return out
+
+
+def parameter_value(param: pb.InferParameter) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return getattr(param, which) if which else None

@@ -1,0 +1,99 @@
+"""start_host(): load a repository and serve it; HostHandle.stop() undoes it all.
+
+Order matters. Start: models load first (in threads, so the loop stays free),
+then the gRPC and HTTP endpoints open, as tritonserver opens its endpoints
+after loading. Stop: readiness drops, the gRPC server stops (in-flight RPCs
+get a grace period, then are cancelled, which marks their requests
+cancelled), then every model instance is finalized on its own thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from .grpc_service import InferenceServicer
+from .http_endpoints import HttpEndpoints
+from .metrics import REGISTRY, HostMetrics
+from .pb_utils.host_hooks import set_model_ready_hook
+from .repository import ModelRepository
+
+_LOG = logging.getLogger("kvserve.host")
+# tritonserver allows messages of any size; gRPC's default cap is 4 MiB.
+_GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+@dataclass
+class HostHandle:
+    host: str
+    grpc_port: int
+    metrics_port: int | None
+    repository: ModelRepository
+    _server: grpc.aio.Server = field(repr=False)
+    _servicer: InferenceServicer = field(repr=False)
+    _http: HttpEndpoints | None = field(repr=False, default=None)
+    _stopped: bool = field(repr=False, default=False)
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics_port is None else f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def ready(self) -> bool:
+        return self._servicer.server_ready()
+
+    async def stop(self, grace: float = 2.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._servicer.shutting_down = True
+        await self._server.stop(grace)
+        await asyncio.to_thread(self.repository.shutdown)
+        if self._http is not None:
+            await self._http.stop()
+        set_model_ready_hook(None)
+        _LOG.info("host stopped")
+
+
+async def start_host(
+    repository: str | os.PathLike[str],
+    grpc_port: int = 0,
+    metrics_port: int | None = 0,
+    host: str = "127.0.0.1",
+    strict_readiness: bool = True,
+) -> HostHandle:
+    """Port 0 picks a free port (read it back from the handle); metrics_port=None disables HTTP."""
+    metrics = HostMetrics()
+    repo = ModelRepository(repository, metrics)
+    repo.scan()
+    await asyncio.to_thread(repo.load_all)
+    set_model_ready_hook(repo.model_ready)
+
+    servicer = InferenceServicer(repo, metrics, strict_readiness=strict_readiness)
+    server = grpc.aio.server(options=_GRPC_OPTIONS)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{grpc_port}")
+    if bound == 0:
+        await asyncio.to_thread(repo.shutdown)
+        raise OSError(f"cannot bind gRPC to {host}:{grpc_port}")
+    await server.start()
+
+    http: HttpEndpoints | None = None
+    if metrics_port is not None:
+        http = HttpEndpoints(REGISTRY, live=lambda: True, ready=servicer.server_ready)
+        try:
+            metrics_port = await http.start(host, metrics_port)
+        except OSError:
+            await server.stop(None)
+            await asyncio.to_thread(repo.shutdown)
+            raise
+    _LOG.info("serving gRPC on %s:%d, metrics on %s", host, bound,
+              f"{host}:{metrics_port}" if http else "(disabled)")
+    return HostHandle(host, bound, metrics_port, repo, server, servicer, http)

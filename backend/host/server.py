@@ -1,0 +1,99 @@
+"""`kvserve triton` / `python -m kvserve.backend.host`: run the embedded host.
+
+Prints exactly one line, `kvserve-host ready grpc=HOST:PORT metrics=HOST:PORT`,
+on stdout once every model has finished initialize (a parent process waits for
+it), and exits 0 after a clean shutdown on SIGTERM/SIGINT or when the process
+given by --parent-pid dies.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from .host import start_host
+from .parent_watch import watch_parent
+
+_LOG = logging.getLogger("kvserve.host")
+_LEVELS = {"verbose": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+           "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvserve triton",
+                                description="Serve a Triton model repository of Python-backend models "
+                                            "over KServe v2 gRPC, as tritonserver would.")
+    p.add_argument("--model-repository", required=True, help="folder of <model>/config.pbtxt + <version>/model.py")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="HTTP port for /metrics and /v2/health/{live,ready}")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.add_argument("--strict-readiness", type=_bool, default=True,
+                   help="ready only when every model loaded (tritonserver's default)")
+    p.add_argument("--log-level", default="info", type=str.lower, choices=sorted(_LEVELS))
+    return p
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr, level=_LEVELS[level], force=True,
+        format="%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s",
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(watch_parent(args.parent_pid, stop.set)) if args.parent_pid else None
+
+    starting = asyncio.create_task(start_host(args.model_repository, grpc_port=args.grpc_port,
+                                              metrics_port=args.metrics_port, host=args.host,
+                                              strict_readiness=args.strict_readiness))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # initialize() runs in threads that cannot be interrupted; waiting for a
+        # large model to finish loading would let the host outlive its parent.
+        _LOG.warning("stop requested while models were loading: exiting without finalize")
+        logging.shutdown()
+        os._exit(0)
+    try:
+        handle = starting.result()
+    except OSError as exc:
+        _LOG.error("%s", exc)
+        return 1
+    print(f"kvserve-host ready grpc={handle.host}:{handle.grpc_port} metrics={handle.host}:{handle.metrics_port}",
+          flush=True)
+    await stopping
+    _LOG.info("shutting down")
+    await handle.stop()
+    if watcher is not None:
+        watcher.cancel()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
