@@ -133,7 +133,7 @@ class AsyncEngine:
                 outputs = self.engine.recover_from_fault("internal error: the engine step failed")
             self._deliver(outputs, started)
         for rid in list(self.engine.groups):
-            out = self.engine.fail(rid, "the engine is shutting down")
+            out = self.engine.fail(rid, "unavailable: the engine is shutting down", "shutdown")
             if out is not None:
                 self._deliver([out], time.time())
 
@@ -164,7 +164,8 @@ class AsyncEngine:
                                         item.traceparent)
                 self._callbacks[item.request_id] = item.callback
             except ValueError as exc:
-                item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=str(exc)))
+                item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=str(exc),
+                                            error_kind="invalid"))
         self._deliver(outputs, time.time())
         return True
 

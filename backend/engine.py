@@ -124,10 +124,10 @@ class LLMEngine:
         """Stop a request now and free its blocks; returns its final (aborted) output."""
         return self._finish_group(request_id, RequestStatus.FINISHED_ABORTED)
 
-    def fail(self, request_id: str, message: str) -> RequestOutput | None:
+    def fail(self, request_id: str, message: str, kind: str = "internal") -> RequestOutput | None:
         out = self._finish_group(request_id, RequestStatus.FINISHED_ERROR)
         if out is not None:
-            out.error = message
+            out.error, out.error_kind = message, kind
         return out
 
     def _finish_group(self, request_id: str, status: RequestStatus) -> RequestOutput | None:
@@ -238,7 +238,8 @@ class LLMEngine:
                    and now - self.sequences[g.children[0]].request.times.arrival > g.params.timeout]
         outs = []
         for rid in expired:
-            out = self.fail(rid, f"timeout: the request did not finish within {self.groups[rid].params.timeout} s")
+            out = self.fail(rid, f"timeout: the request did not finish within {self.groups[rid].params.timeout} s",
+                            "timeout")
             if out is not None:
                 outs.append(out)
         return outs

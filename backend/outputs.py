@@ -49,4 +49,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt: str | None = None
     error: str | None = None
+    error_kind: str | None = None  # "invalid" | "timeout" | "internal" | "shutdown"
     metrics: RequestMetrics | None = None  # set on the final output only

@@ -142,11 +142,9 @@ class TritonLLMModel:
             return  # cancelled: the engine's final output for it is dropped below
         try:
             if out.error is not None:
-                code = self.pb.TritonError.INVALID_ARG if ":" in out.error and out.error.split(":")[0] in (
-                    "prompt", "context_length_exceeded") else self.pb.TritonError.INTERNAL
-                if out.error.startswith("timeout"):
-                    code = self.pb.TritonError.CANCELLED
-                self._send_error(live.sender, out.error, code)
+                codes = {"invalid": self.pb.TritonError.INVALID_ARG, "timeout": self.pb.TritonError.UNAVAILABLE,
+                         "shutdown": self.pb.TritonError.UNAVAILABLE}
+                self._send_error(live.sender, out.error, codes.get(out.error_kind, self.pb.TritonError.INTERNAL))
                 return
             responses = []
             for choice in out.outputs:
