@@ -48,7 +48,7 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
 # Response and Triton request ids are always fresh uuids: the engine keys its
 # requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
 def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
-    traceparent = backend_traceparent(request_span(request))
+    traceparent = backend_traceparent(request_span())
     return [
         GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent)
         for i, p in enumerate(prompts)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import logging
 import re
@@ -27,8 +28,10 @@ from kvserve.observability.logging import request_context
 log = logging.getLogger("kvserve.frontend.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-SPAN_KEY = "kvserve_span"
-REQUEST_ID_KEY = "kvserve_request_id"
+# Per-request values live in contextvars: the handler runs in the middleware's
+# task, and this needs no aiohttp-version-specific request keys.
+_SPAN: contextvars.ContextVar[ServerSpan | None] = contextvars.ContextVar("kvserve_span", default=None)
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("kvserve_request_id", default="")
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 _CLIENT_GONE = 499  # nginx's convention for "client closed the request"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -39,12 +42,12 @@ def route_template(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-def request_id(request: web.Request) -> str:
-    return request[REQUEST_ID_KEY]
+def request_id() -> str:
+    return _REQUEST_ID.get()
 
 
-def request_span(request: web.Request) -> ServerSpan | None:
-    return request.get(SPAN_KEY)
+def request_span() -> ServerSpan | None:
+    return _SPAN.get()
 
 
 @web.middleware
@@ -53,9 +56,9 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     route = route_template(request)
     incoming = request.headers.get("X-Request-Id", "")
     rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
-    request[REQUEST_ID_KEY] = rid
+    _REQUEST_ID.set(rid)
     span = start_server_span(request, route)
-    request[SPAN_KEY] = span
+    _SPAN.set(span)
     start = time.perf_counter()
     status = 500
     # The span is current for the handler, so log lines inside carry its trace id.
