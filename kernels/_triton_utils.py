@@ -1,35 +1,65 @@
-"""Plumbing shared by the Triton kernel launchers: optional import, checks, sizes.
+"""Plumbing shared by the Triton kernel launchers: lazy kernels, checks, sizes.
 
-Triton is an optional dependency: the torch references in this package must
-import without it, so kernel modules decorate with `jit` from here (a no-op
-when triton is missing; the kernels then simply cannot be launched).
-
-On a machine without a GPU the kernels run in Triton's interpreter. It must be
-switched on with `TRITON_INTERPRET=1` *before triton is first imported*: the
-interpreter also swaps triton's own library functions (tl.sum, tl.max, ...)
-at their definition, so wrapping a kernel after the fact is not enough.
+Importing a kernel module never imports triton. The torch references live in
+the same files and the CPU engine imports them; triton is optional there, and
+on a machine without a GPU the kernels can only run in Triton's interpreter,
+which must be switched on (`TRITON_INTERPRET=1`) *before triton is first
+imported*: the interpreter also swaps triton's own library functions (tl.sum,
+tl.max, ...) when they are defined. So `@jit` here only records the function;
+the first launch of any kernel of a module imports triton, binds the module's
+`tl` to triton.language and jit-compiles all of that module's kernels (nested
+jit helpers must be real jit functions by the time their caller compiles).
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
 
-try:  # pragma: no cover - exercised by whichever environment runs it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
-
-HAS_TRITON = triton is not None
+# Bound to triton.language in each kernel module when its kernels are first
+# launched; kernel bodies (and string annotations) read it only from then on.
+tl = None
 
 LOG2_E = 1.4426950408889634
 
 
-def jit(fn):
-    """`triton.jit`, or the bare function when triton is not installed."""
-    return triton.jit(fn) if HAS_TRITON else fn
+class LazyKernel:
+    """A kernel function, jit-compiled by triton on first use (see the module doc)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.kernel = None
+
+    def get(self):
+        if self.kernel is None:
+            _bind_module(self.fn.__globals__)
+        return self.kernel
+
+    def __getitem__(self, grid):
+        return self.get()[grid]
+
+
+def jit(fn) -> LazyKernel:
+    return LazyKernel(fn)
+
+
+def _bind_module(module_globals: dict) -> None:
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("the Triton kernels need the triton package (pip install 'kvserve[triton]')")
+    import triton
+    import triton.language
+
+    module_globals["tl"] = triton.language
+    for name, obj in list(module_globals.items()):
+        if isinstance(obj, LazyKernel) and obj.kernel is None:
+            obj.kernel = triton.jit(obj.fn)
+            module_globals[name] = obj.kernel  # what a calling kernel resolves when it compiles
+
+
+def materialize(kernel):
+    """The triton kernel behind a `@jit` function (compiling its module's kernels if needed)."""
+    return kernel.get() if isinstance(kernel, LazyKernel) else kernel
 
 
 def next_pow2(n: int) -> int:
@@ -41,7 +71,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def is_interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
+    return type(materialize(kernel)).__name__ == "InterpretedFunction"
 
 
 def check(cond: bool, msg: str) -> None:
@@ -51,12 +81,10 @@ def check(cond: bool, msg: str) -> None:
 
 def check_launch(kernel, *tensors: torch.Tensor) -> bool:
     """Checks that a launch can run where its tensors live; returns True under the interpreter."""
-    if not HAS_TRITON:
-        raise RuntimeError("the Triton kernels need the triton package (pip install 'kvserve[triton]')")
     device = tensors[0].device
     for t in tensors:
         check(t.device == device, f"all tensors must be on one device, got {t.device} and {device}")
-    interpreted = is_interpreted(kernel)
+    interpreted = is_interpreted(materialize(kernel))
     if device.type != "cuda" and not interpreted:
         raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 in the environment "
                            "before triton is first imported")
