@@ -1,0 +1,128 @@
+"""TritonBackendClient against an in-process KServe v2 gRPC server: the tensor
+contract, end-of-request detection, errors, and cancellation."""
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from gw_triton_fakes import FakeTriton, input_raw, make_response
+
+from kvserve.frontend.protocol import BackendFailed, BackendRejected, BackendUnavailable, GenerateRequest
+from kvserve.frontend.triton_client import TritonBackendClient
+from kvserve.frontend.triton_codec import build_request, classify_error, parse_response
+
+
+async def _with_server(body):
+    server = grpc.aio.server()
+    fake = FakeTriton()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = TritonBackendClient(f"127.0.0.1:{port}")
+    try:
+        return await body(client, fake)
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+def run(body):
+    return asyncio.run(_with_server(body))
+
+
+def test_build_request_follows_the_tensor_contract() -> None:
+    msg = build_request("llm", GenerateRequest("r-0", [1, 2, 300], {"n": 2, "stop": ["x"]}, stream=False,
+                                               traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    assert msg.model_name == "llm" and msg.id == "r-0"
+    names = {t.name: (t.datatype, list(t.shape)) for t in msg.inputs}
+    assert names == {"input_ids": ("INT32", [3]), "sampling_parameters": ("BYTES", [1]), "stream": ("BOOL", [1])}
+    assert struct.unpack("<3i", input_raw(msg, "input_ids")) == (1, 2, 300)
+    assert json.loads(input_raw(msg, "sampling_parameters")[4:]) == {"n": 2, "stop": ["x"]}
+    assert input_raw(msg, "stream") == b"\x00"
+    assert msg.parameters["triton_enable_empty_final_response"].bool_param is True
+    assert msg.parameters["traceparent"].string_param.startswith("00-aaaa")
+    text = build_request("llm", GenerateRequest("r-1", "héllo", {}))
+    assert input_raw(text, "text_input") == struct.pack("<I", 6) + "héllo".encode()
+
+
+def test_parse_response() -> None:
+    delta = parse_response(make_response("r", "ab", [5, 6], finish="length", index=1, done=7,
+                                         logprobs=[{"token_id": 5, "token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}]))
+    assert (delta.index, delta.text, delta.token_ids, delta.finish_reason) == (1, "ab", [5, 6], "length")
+    assert (delta.prompt_tokens, delta.completion_tokens, delta.cached_tokens) == (4, 7, 2)
+    assert delta.logprobs[0].token == "a" and delta.logprobs[0].bytes == [97]
+    assert parse_response(make_response("r", "", [], finish="")).finish_reason is None
+    assert parse_response(service_pb2.ModelInferResponse()) is None
+
+
+def test_classify_engine_errors() -> None:
+    e = classify_error("max_tokens: must be an integer >= 1, got 0")
+    assert isinstance(e, BackendRejected) and e.field == "max_tokens"
+    e = classify_error("Failed to process the request(s) for model 'llm', message: ValueError: top_p: bad")
+    assert isinstance(e, BackendRejected) and e.field == "top_p" and e.message == "top_p: bad"
+    e = classify_error("context_length_exceeded: prompt (90 tokens) + max_tokens (20) > 100")
+    assert isinstance(e, BackendRejected) and e.code == "context_length_exceeded"
+    assert classify_error("unavailable: the waiting queue is full (8 requests)").overloaded
+    assert classify_error("timeout: the request did not finish within 1.0 s").code == "timeout"
+    assert isinstance(classify_error("CUDA error: out of memory"), BackendFailed)
+
+
+def test_generate_reads_until_the_final_response() -> None:
+    async def body(client, fake):
+        assert await client.ready()
+        deltas = [d async for d in client.generate(GenerateRequest("r-1", "ok", {"n": 1}))]
+        assert [(d.text, d.finish_reason) for d in deltas] == [("Hel", None), ("lo", "stop")]
+        assert deltas[1].logprobs[0].top_logprobs[0].token == "x"
+        # A flags-only FINAL (empty response) also ends the request.
+        deltas = [d async for d in client.generate(GenerateRequest("r-2", "empty-final", {}))]
+        assert len(deltas) == 2
+        assert [r.id for r in fake.requests] == ["r-1", "r-2"]
+        assert not fake.cancelled.is_set()
+    run(body)
+
+
+def test_stream_error_becomes_backend_rejected() -> None:
+    async def body(client, fake):
+        with pytest.raises(BackendRejected) as info:
+            [d async for d in client.generate(GenerateRequest("r", "error", {}))]
+        assert info.value.field == "max_tokens"
+    run(body)
+
+
+def test_closing_the_iterator_cancels_the_rpc_at_once() -> None:
+    async def body(client, fake):
+        stream = client.generate(GenerateRequest("r", "slow", {}))
+        got = [await stream.__anext__() for _ in range(3)]
+        assert [d.text for d in got] == ["t0", "t1", "t2"]
+        await stream.aclose()
+        await asyncio.wait_for(fake.cancelled.wait(), 1.0)
+    run(body)
+
+
+def test_cancelling_the_consumer_task_cancels_the_rpc() -> None:
+    async def body(client, fake):
+        async def consume():
+            async for _ in client.generate(GenerateRequest("r", "slow", {})):
+                pass
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.wait_for(fake.cancelled.wait(), 1.0)
+    run(body)
+
+
+def test_unreachable_backend() -> None:
+    async def body():
+        client = TritonBackendClient("127.0.0.1:1")
+        try:
+            assert not await client.ready()
+            with pytest.raises(BackendUnavailable):
+                [d async for d in client.generate(GenerateRequest("r", "ok", {}))]
+        finally:
+            await client.close()
+    asyncio.run(body())
