@@ -5,6 +5,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run under the interpreter; it must be chosen before triton loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
 
