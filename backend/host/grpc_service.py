@@ -45,7 +45,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def server_ready(self) -> bool:
         return not self.shutting_down and (self._repo.all_ready() if self._strict else True)
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest,

@@ -23,6 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from .errors import InferError
+from .pb_utils.errors import TritonError
 from .metrics import HostMetrics
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository
@@ -99,6 +100,10 @@ class StreamSession:
             parsed = parse_request(request, runtime.config)
         except InferError as exc:
             self._issue_error(request, exc, slot)
+            return
+        except Exception as exc:  # a host bug must cost this request, not the whole stream
+            _LOG.exception("failed to read a stream request")
+            self._issue_error(request, InferError(TritonError.INTERNAL, f"failed to read the request: {exc}"), slot)
             return
         handle = RequestHandle(model_name=runtime.name, model_version=runtime.version_str,
                                request_id=request.id, requested_filter=parsed.requested_filter,

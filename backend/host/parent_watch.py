@@ -3,7 +3,9 @@
 Two mechanisms, because each misses a case: PR_SET_PDEATHSIG makes the kernel
 signal us the moment our parent exits (only for the real parent, and only on
 Linux); polling the given pid also covers a pid that is not our parent and
-other platforms.
+other platforms. Caveat of PR_SET_PDEATHSIG: "parent" means the thread that
+spawned us, so a CLI should start the host from a thread that lives as long as
+it does (its main thread); the poll is the backstop either way.
 """
 from __future__ import annotations
 

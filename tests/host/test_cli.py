@@ -36,7 +36,8 @@ def read_line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
         sel.register(proc.stdout, selectors.EVENT_READ)
         if not sel.select(timeout):
             proc.kill()
-            raise AssertionError(f"no ready line within {timeout}s; stderr: {proc.stderr.read() if proc.stderr else ''}")
+            stderr = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"no ready line within {timeout}s; stderr: {stderr}")
     return proc.stdout.readline()
 
 

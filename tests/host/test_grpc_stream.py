@@ -117,6 +117,8 @@ def test_multiplexed_requests_keep_ids_and_errors_stay_on_their_request(host: Ho
     assert "RuntimeError: repeat was asked to raise" in by_id["boom"][0].error_message
     assert "ValueError: echo was asked to raise" in by_id["raise"][0].error_message
     assert by_id["fine"][0].error_message == "" and len(by_id["fine"]) == 1
+    # A non-decoupled model's single response completes its request.
+    assert by_id["fine"][0].infer_response.parameters["triton_final_response"].bool_param
     assert "Request for unknown model: 'no_such_model' is not found" in by_id["unknown"][0].error_message
     assert sum(1 for r in responses if r.error_message) == 4
 
