@@ -22,6 +22,7 @@ from kvserve.frontend.chat_template import resolve_template_arg
 from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
+from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.replicas import ReplicaSet
 from kvserve.frontend.state import DEFAULT_MAX_BODY, Gateway, GatewayConfig
@@ -187,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             model_root=str(model_dir) if model_dir else None,
             api_key=args.api_key or None,
             max_request_body_bytes=args.max_request_body_bytes,
-            max_model_len=args.max_model_len,
+            # Derived from the model folder only when this process starts the engine:
+            # a remote server may run with another --max-model-len.
+            max_model_len=args.max_model_len if plan.remote else derive_max_model_len(model_dir, args.max_model_len),
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             version=_version(),
