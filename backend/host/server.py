@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from typing import TextIO
 
 from .host import start_host
 from .parent_watch import watch_parent
@@ -53,7 +54,23 @@ def _configure_logging(level: str) -> None:
     )
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _reserve_stdout() -> TextIO:
+    """A private handle on the real stdout, with fd 1 pointed at stderr.
+
+    model.py files print freely (Triton's own examples print from initialize);
+    their output must never be taken for the ready line a parent process waits
+    for, so everything else written to stdout, from Python or C, goes to stderr.
+    """
+    try:
+        sys.stdout.flush()
+        private = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+        return private
+    except (OSError, ValueError):
+        return sys.stdout
+
+
+async def _serve(args: argparse.Namespace, ready_out: TextIO) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -77,7 +94,7 @@ async def _serve(args: argparse.Namespace) -> int:
         _LOG.error("%s", exc)
         return 1
     print(f"kvserve-host ready grpc={handle.host}:{handle.grpc_port} metrics={handle.host}:{handle.metrics_port}",
-          flush=True)
+          file=ready_out, flush=True)
     await stopping
     _LOG.info("shutting down")
     await handle.stop()
@@ -89,8 +106,9 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
+    ready_out = _reserve_stdout()
     try:
-        return asyncio.run(_serve(args))
+        return asyncio.run(_serve(args, ready_out))
     except KeyboardInterrupt:
         return 0
 

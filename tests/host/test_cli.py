@@ -77,7 +77,8 @@ def test_module_entry_point_ready_line_serving_and_sigterm(healthy_repo: Path) -
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
-    assert out == ""  # the ready line was the only line on stdout
+    assert out == ""  # the ready line was the only line on stdout...
+    assert "add_sub prints to stdout" in err  # ...because what models print goes to stderr
     assert "add_sub finalize called" in err  # models were finalized on the way out
 
 
@@ -136,3 +137,32 @@ def test_kvserve_triton_subcommand_dispatches_here() -> None:
 
     module = __import__(SUBCOMMANDS["triton"][0], fromlist=["main"])
     assert module.main is main
+
+
+def test_sigterm_while_a_model_is_still_loading(tmp_path: Path) -> None:
+    # A parent that dies during a long model load must not leave the host behind.
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    (tmp_path / "slow" / "config.pbtxt").write_text('backend: "python"\n')
+    (tmp_path / "slow" / "1" / "model.py").write_text(textwrap.dedent("""
+        import time
+        class TritonPythonModel:
+            def initialize(self, args):
+                print("slow model loading", flush=True)
+                time.sleep(60)
+            def execute(self, requests):
+                return None
+    """))
+    proc, _, _ = start_host_process(tmp_path)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # ends at EOF if the host died instead
+            if "slow model loading" in line:
+                break
+        else:
+            raise AssertionError("the slow model never started loading")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and out == ""

@@ -14,6 +14,7 @@ class TritonPythonModel:
         self.out0_dtype = pb_utils.triton_string_to_numpy(out0["data_type"])
         self.out1_dtype = pb_utils.triton_string_to_numpy(out1["data_type"])
         pb_utils.Logger.log_info("add_sub initialized")
+        print("add_sub prints to stdout, as Triton's examples do")
 
     def execute(self, requests):
         responses = []
