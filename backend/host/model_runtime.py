@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,7 @@ class ModelRuntime:
     def _auto_complete(self) -> None:
         # Like Triton: a throwaway import, so state set here never reaches the instances.
         module = import_model_module(self.model_file, f"{self.name}_autocomplete")
+        sys.modules.pop(module.__name__, None)
         hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
         if hook is None:
             return
