@@ -66,6 +66,15 @@ def _stream(url, inputs, request_id="r", timeout=60):
         if final:
             finals += 1
             break
+    # Anything after the final flag (a second final, a stray response) would be a protocol error.
+    try:
+        while True:
+            result, err = q.get(timeout=0.3)
+            finals += 1 if err is None and result.get_response().parameters[
+                "triton_final_response"].bool_param else 0
+            chunks.append(("<after final>", [], ""))
+    except queue.Empty:
+        pass
     client.stop_stream()
     client.close()
     return chunks, finals, error
