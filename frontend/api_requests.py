@@ -54,13 +54,10 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     n = F.opt_int(body, "n", 1, MAX_N) or 1
     stream = bool(F.opt_bool(body, "stream"))
     options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-        if not isinstance(options, dict):
-            raise bad_request("'stream_options' must be an object", param="stream_options")
-        include_usage = bool(F.opt_bool(options, "include_usage"))
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    # Ignored unless streaming (lenient: a client that always sends it still works).
+    include_usage = stream and bool(F.opt_bool(options or {}, "include_usage"))
     _check_response_format(body)
     if body.get("tools") or body.get("functions"):
         raise not_supported("tools", "tool calling")
@@ -193,7 +190,7 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(msg, dict):
             raise bad_request(f"'{where}' must be an object", param="messages")
         role = msg.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
         out.append({"role": role, "content": _content(msg.get("content"), where, role)})
         if isinstance(msg.get("name"), str):

@@ -8,12 +8,10 @@ so cancels each Triton request at once.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import AsyncIterator, Sequence
 
 from kvserve.frontend.protocol import BackendClient, BackendFailed, ChoiceDelta, GenerateRequest
 
-log = logging.getLogger("kvserve.frontend.fanout")
 _END = object()
 
 

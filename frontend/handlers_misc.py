@@ -70,17 +70,19 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     gateway.resolve_model(F.opt_str(body, "model", max_len=512))
     tok = gateway.require_tokenizer()
+    add_special = F.opt_bool(body, "add_special_tokens")
+    add_gen = F.opt_bool(body, "add_generation_prompt")
+    token_strs = F.opt_bool(body, "return_token_strs")
+    prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
     if body.get("messages") is not None:
-        add_gen = F.opt_bool(body, "add_generation_prompt")
-        ids = chat_prompt_ids(gateway, parse_messages(body["messages"]), True if add_gen is None else add_gen)
-    else:
-        prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
-        if prompt is None:
-            raise bad_request("'prompt' or 'messages' is required", param="prompt")
-        add_special = F.opt_bool(body, "add_special_tokens")
+        messages = parse_messages(body["messages"])
+        ids = chat_prompt_ids(gateway, messages, True if add_gen is None else add_gen)
+    elif prompt is not None:
         ids = tok.encode(prompt, add_special_tokens=True if add_special is None else add_special)
+    else:
+        raise bad_request("'prompt' or 'messages' is required", param="prompt")
     out: dict[str, Any] = {"count": len(ids), "max_model_len": gateway.config.max_model_len, "tokens": ids}
-    if F.opt_bool(body, "return_token_strs"):
+    if token_strs:
         out["token_strs"] = tok.token_strings(ids)
     return web.json_response(out)
 

@@ -53,7 +53,7 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
                        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
         "user": {"type": "string", "maxLength": 256, "nullable": True},
         "stream": _bool(),
-        "stream_options": {"type": "object", "nullable": True, "description": "only with stream: true",
+        "stream_options": {"type": "object", "nullable": True, "description": "used only with stream: true",
                            "properties": {"include_usage": _bool()}},
         "response_format": {"type": "object", "nullable": True, "required": ["type"],
                             "properties": {"type": {"type": "string", "enum": ["text"]}}},
@@ -119,9 +119,9 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "owned_by": {"type": "string"}, "root": {"type": "string"}, "max_model_len": {"type": "integer", "nullable": True}}},
         "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
             "object": {"type": "string"}, "data": {"type": "array", "items": _ref("Model")}}},
-        "TokenizeRequest": {"type": "object", "properties": {
+        "TokenizeRequest": {"type": "object", "anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}], "properties": {
             "model": {"type": "string", "nullable": True}, "prompt": {"type": "string"},
-            "messages": {"type": "array", "minItems": 1, "items": message},
+            "messages": {"type": "array", "minItems": 1, "items": message, "nullable": True, "description": "wins over prompt"},
             "add_special_tokens": _bool(), "add_generation_prompt": _bool(), "return_token_strs": _bool()}},
         "TokenizeResponse": {"type": "object", "required": ["count", "tokens"], "properties": {
             "count": {"type": "integer"}, "max_model_len": {"type": "integer", "nullable": True},

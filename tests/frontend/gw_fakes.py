@@ -77,6 +77,7 @@ class FakeBackend:
     finished: list[str] = field(default_factory=list)
     cancel_event: threading.Event = field(default_factory=threading.Event)
     decode: object = None  # set to the tokenizer's decode so token prompts can steer too
+    max_tokens_cap: int | None = None  # bound generation when a fuzzer asks for 2**31 tokens
 
     async def ready(self) -> bool:
         return self.is_ready
@@ -103,6 +104,8 @@ class FakeBackend:
             raise BackendUnavailable("backend fake: UNAVAILABLE")
         slow = "SLOW" in prompt_text
         n, max_tokens = s.get("n", 1), s.get("max_tokens", 16)
+        if self.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, self.max_tokens_cap)
         stops: list[str] = s.get("stop", [])
         complete = False
         try:

@@ -61,6 +61,8 @@ def test_cross_field_rules() -> None:
     assert bad(parse_chat, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).param == "top_logprobs"
     ok = parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, None)
     assert ok.include_usage and ok.stream
+    lenient = parse_completion({"prompt": "x", "stream_options": {"include_usage": True}}, None)
+    assert not lenient.include_usage  # ignored when not streaming
 
 
 def test_chat_messages() -> None:
@@ -73,7 +75,7 @@ def test_chat_messages() -> None:
                             {"role": "assistant", "content": ""}]
     assert req.sampling["max_tokens"] == 4  # max_completion_tokens wins
     assert req.sampling["logprobs"] == 0 and req.logprobs
-    for messages in ([], None, [{"role": "robot", "content": "x"}], [{"role": "user"}], ["hi"],
+    for messages in ([], None, [{"role": "robot", "content": "x"}], [{"role": {}, "content": "x"}], [{"role": "user"}], ["hi"],
                      [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": None}]):
         assert bad(parse_chat, {"messages": messages}).param == "messages", messages
 
