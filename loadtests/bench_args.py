@@ -6,10 +6,11 @@ import argparse
 import json
 import os
 
-from kvserve.loadtests.compare import PLANNED_BASELINES
+from kvserve.loadtests.compare import BASELINES
 from kvserve.loadtests.datasets import Dataset, LognormalDataset, RandomDataset, SharedPrefixDataset
 
 DEFAULT_NUM_PROMPTS = 1000
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,9 +20,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     target = p.add_argument_group("target")
-    target.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
+    target.add_argument("--base-url", default=None,
+                        help=f"server root, without /v1 (default {DEFAULT_BASE_URL}; "
+                             "with --compare: start kvserve serve on a free port)")
     target.add_argument("--endpoint-type", choices=("completions", "chat"), default="completions")
-    target.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
+    target.add_argument("--model", default=None,
+                        help="default: the first model of GET /v1/models; with --compare: the model folder "
+                             "(default: the benchmark model in ~/.cache/kvserve/bench-512, made if missing)")
     # Read at run time, not as the default: --help prints defaults, and must not print a key.
     target.add_argument("--api-key", default=None, help="bearer token; default: $OPENAI_API_KEY")
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
@@ -63,9 +68,27 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--save-detailed", action="store_true", help="per-request records in the JSON")
     out.add_argument("--plot", default=None, metavar="PNG", help="latency CDFs + throughput over time")
     out.add_argument("--disable-tqdm", action="store_true")
-    out.add_argument("--compare", nargs="*", default=None, metavar="BASELINE",
-                     help=f"offline baselines on the same prompts ({', '.join(PLANNED_BASELINES)}); not yet available")
+    add_compare_flags(p)
     return p
+
+
+def add_compare_flags(p: argparse.ArgumentParser) -> None:
+    cmp = p.add_argument_group("compare (transformers and kvserve side by side on the same token-id prompts)")
+    names = ", ".join(f"{k}={name}" for k, (name, _) in BASELINES.items())
+    cmp.add_argument("--compare", action="store_true",
+                     help="run the baselines below on this workload instead of benchmarking --base-url alone")
+    cmp.add_argument("--compare-baselines", default=",".join(BASELINES), metavar="a,b,c,d",
+                     help=f"which baselines ({names})")
+    cmp.add_argument("--static-batch-size", type=int, default=16, help="B of the static-batching baseline (b)")
+    cmp.add_argument("--naive-max-requests", type=int, default=16,
+                     help="(a) measures this many requests one at a time and extrapolates the rest; 0: all")
+    cmp.add_argument("--dtype", default="float32", choices=("auto", "float32", "float16", "bfloat16"),
+                     help="weights and activations, every baseline")
+    cmp.add_argument("--device", default="auto", help="transformers and in-process kvserve: auto, cpu, cuda, ...")
+    cmp.add_argument("--max-num-seqs", type=int, default=None, help="kvserve engine flag for (c) and (d)")
+    cmp.add_argument("--max-num-batched-tokens", type=int, default=None, help="kvserve engine flag for (c) and (d)")
+    cmp.add_argument("--server-startup-timeout", type=float, default=600.0,
+                     help="seconds to wait for the kvserve serve that (d) starts")
 
 
 def make_dataset(args: argparse.Namespace) -> Dataset:
@@ -90,6 +113,8 @@ def validate(args: argparse.Namespace) -> None:
     """Fail before any network traffic on values that can only be mistakes."""
     if args.api_key is None:
         args.api_key = os.environ.get("OPENAI_API_KEY") or None
+    if args.base_url is None and not args.compare:
+        args.base_url = DEFAULT_BASE_URL
     positive = {
         "--num-prompts": args.num_prompts if args.num_prompts is not None else 1,
         "--random-input-len": args.random_input_len,

@@ -4,6 +4,10 @@
         --random-input-len 1024 --random-output-len 128 --num-prompts 500 \\
         --request-rate 10 --goodput ttft:500 tpot:50 --json out.json --plot out.png
 
+With `--compare` the same workload runs against transformers (one at a time,
+static batches) and kvserve (offline and through `kvserve serve`) side by
+side; see compare_cli.py.
+
 Steps: discover the model, build prompts (exact token counts through the
 server's /tokenize when it has one), send them paced and capped, then print
 the vLLM-style table and write JSON/plot. Exit status: 0 when at least one
@@ -21,7 +25,6 @@ import aiohttp
 from kvserve.loadtests.bench_args import build_parser, make_dataset, validate
 from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.client import EndpointConfig
-from kvserve.loadtests.compare import CompareUnavailable, resolve_baselines
 from kvserve.loadtests.datasets import Dataset
 from kvserve.loadtests.metrics import compute_metrics, parse_goodput, parse_percentiles
 from kvserve.loadtests.prompt_builder import ExactPromptBuilder, PromptBuilder, WordPromptBuilder
@@ -116,11 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         dataset = make_dataset(args)
         parse_goodput(args.goodput)
         parse_percentiles(args.metric_percentiles)
-        if args.compare is not None:
-            resolve_baselines(args.compare)
-    except (ValueError, CompareUnavailable) as exc:
+        if args.compare:
+            from kvserve.loadtests.compare_cli import validate_compare
+
+            validate_compare(args)
+    except ValueError as exc:
         print(f"kvserve bench: {exc}", file=sys.stderr)
         return 2
+    if args.compare:
+        from kvserve.loadtests.compare_cli import run_compare_command
+
+        return run_compare_command(args, dataset)
     try:
         return asyncio.run(_run(args, dataset))
     except ValueError as exc:

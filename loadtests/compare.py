@@ -1,12 +1,17 @@
-"""The seam for `--compare`: offline baselines run on the exact prompts the
-serving benchmark used, and results are reported as ratios (DESIGN.md:
-"benchmarks are ratios measured side by side in one run").
+"""`--compare`: the baselines, and the seam offline baselines plug into.
 
-A baseline is just a callable over the whole prompt list, because batching is
-the very thing the baselines differ in: transformers one-at-a-time loops,
-transformers static batching pads fixed groups, kvserve's `LLM.generate`
-takes everything at once. The engine and those baselines do not exist yet, so
-the CLI flag only reports that; this module is what they will plug into.
+Baselines run on the exact prompts of one workload and are reported as ratios
+(DESIGN.md: "benchmarks are ratios measured side by side in one run"):
+
+  (a) hf-serial        transformers generate(), one request at a time
+  (b) hf-static        transformers generate(), static batches of B
+  (c) kvserve-offline  kvserve LLM.generate on every prompt at once
+  (d) kvserve-serve    kvserve serve over HTTP, the streaming bench client
+
+`compare_run.py` runs them; this module names them and keeps the small
+generic seam (`run_offline` over any callable) that simpler offline
+comparisons and tests use. A baseline is a callable over the whole prompt list,
+because batching is the very thing the baselines differ in.
 """
 from __future__ import annotations
 
@@ -19,11 +24,19 @@ from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.datasets import Dataset
 from kvserve.loadtests.prompt_builder import ExactPromptBuilder, PromptBuilder, TokenCounter, WordPromptBuilder
 
-PLANNED_BASELINES = ("hf-serial", "hf-static-batch", "kvserve-offline")
+# key -> (name, what it is); the keys are what `--compare-baselines` takes.
+BASELINES: dict[str, tuple[str, str]] = {
+    "a": ("hf-serial", "transformers generate(), one request at a time"),
+    "b": ("hf-static", "transformers generate(), static batches"),
+    "c": ("kvserve-offline", "kvserve LLM.generate, all prompts at once"),
+    "d": ("kvserve-serve", "kvserve serve over HTTP, streaming client"),
+}
+# Output-token throughput ratios the comparison reports, numerator first.
+RATIOS: tuple[tuple[str, str], ...] = (("d", "a"), ("d", "b"), ("d", "c"), ("c", "a"), ("c", "b"), ("b", "a"))
 
 
 class CompareUnavailable(RuntimeError):
-    pass
+    """A baseline cannot run here (a dependency or the server is missing)."""
 
 
 @dataclass(slots=True)
@@ -103,10 +116,18 @@ def format_comparison(results: Sequence[OfflineResult], reference: str | None = 
     return "\n".join(lines)
 
 
-def resolve_baselines(names: Sequence[str]) -> Mapping[str, GenerateFn]:
-    """Where `--compare` will find its baselines; none exist yet."""
-    wanted = ", ".join(names) if names else ", ".join(PLANNED_BASELINES)
-    raise CompareUnavailable(
-        f"--compare is not yet available: the offline baselines ({wanted}) need the kvserve "
-        "engine, which is not built yet. Run the serving benchmark without --compare."
-    )
+def resolve_baselines(names: str | Sequence[str]) -> list[str]:
+    """`"a,b,c,d"` (or the long names, or a list of either) -> keys in a,b,c,d order.
+    Empty means all of them."""
+    items = names.split(",") if isinstance(names, str) else [p for n in names for p in n.split(",")]
+    by_name = {name: key for key, (name, _) in BASELINES.items()} | {"hf-static-batch": "b"}
+    keys: set[str] = set()
+    for item in (i.strip("() ").lower() for i in items):
+        if not item:
+            continue
+        key = item if item in BASELINES else by_name.get(item)
+        if key is None:
+            choices = ", ".join(f"{k} ({n})" for k, (n, _) in BASELINES.items())
+            raise ValueError(f"--compare-baselines: unknown baseline {item!r}; choose from {choices}")
+        keys.add(key)
+    return sorted(keys) if keys else list(BASELINES)
