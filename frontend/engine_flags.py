@@ -86,7 +86,7 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),
     EngineFlag("--otlp-traces-endpoint", "OTLP endpoint for traces (gateway and engine)"),
     EngineFlag("--log-format", "log line format (gateway and engine)", choices=("json", "console")),
-    EngineFlag("--log-requests", "log request details (prompts included) in gateway and engine", None),
+    EngineFlag("--log-requests", "one log line per request; prompts and outputs reach the logs only with this flag", None),
     EngineFlag("--chat-template", "chat template: a file or the Jinja text (gateway only)", export=False),
 )
 

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from kvserve.frontend.errors import ApiError, from_backend
 from kvserve.frontend.fanout import Fanout
+from kvserve.frontend.middleware import request_id
 from kvserve.frontend.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
 from kvserve.frontend.responses import ChoiceState, ChunkFactory, Usage, apply_delta, chat_body, completion_body
 from kvserve.frontend.sse import SseWriter
@@ -96,7 +97,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
             await fan.prefetch()
         except BackendError as exc:
             raise _api_error(gateway, call, exc) from None
-        writer = await SseWriter.open(request)
+        writer = await SseWriter.open(request, {"X-Request-Id": request_id()})
         gateway.metrics.stream_started()
         try:
             for state in choices:  # the opening chunk of each choice

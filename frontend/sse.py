@@ -33,8 +33,8 @@ class SseWriter:
         self._response = response
 
     @classmethod
-    async def open(cls, request: web.Request) -> SseWriter:
-        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    async def open(cls, request: web.Request, headers: dict[str, str] | None = None) -> SseWriter:
+        response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
         return cls(response)
 

@@ -29,6 +29,7 @@ def test_chat_stream_on_the_wire(server) -> None:
     assert r.status == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.headers["cache-control"] == "no-cache"
+    assert len(r.headers["x-request-id"]) == 32
     events = _events(r.text)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
