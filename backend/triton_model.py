@@ -117,13 +117,18 @@ class TritonLLMModel:
     # ---- response thread ----------------------------------------------------------------------
     def _respond_loop(self) -> None:
         while not self._stop.is_set():
+            # Send everything one engine step produced, then poll cancellations once per batch
+            # (not once per response: that would be quadratic in the number of live requests).
+            batch = []
             try:
-                item = self._outputs.get(timeout=_POLL_S)
+                batch.append(self._outputs.get(timeout=_POLL_S))
+                while True:
+                    batch.append(self._outputs.get_nowait())
             except queue.Empty:
-                item = ()
-            if item is None:
-                break
-            if item:
+                pass
+            for item in batch:
+                if item is None:
+                    return
                 self._send_output(*item)
             self._check_cancellations()
 
