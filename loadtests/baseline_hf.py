@@ -73,12 +73,16 @@ def _generate(model: Any, ids: Any, mask: Any, new_tokens: int, streamer: _StepT
 
 
 def warm_up(model: Any) -> None:
-    """One tiny call first, so lazy initialisation is not billed to the first request."""
+    """Tiny calls first (one alone, one padded pair), so lazy initialisation
+    is not billed to the first request of either baseline."""
     import torch
 
     device = next(model.parameters()).device
     ids = torch.arange(1, 9, device=device).unsqueeze(0)
     _generate(model, ids, torch.ones_like(ids), 2, _StepTimes())
+    pair, mask = ids.repeat(2, 1), torch.ones(2, 8, dtype=torch.long, device=device)
+    mask[1, :3] = 0
+    _generate(model, pair, mask, 2, _StepTimes())
 
 
 def run_serial(model: Any, requests: Sequence[CompareRequest], max_requests: int) -> BaselineRun:

@@ -65,7 +65,7 @@ def resolve_device(device: str) -> str:
 
 def _say(opts: CompareOptions, text: str) -> None:
     if opts.log is not None:
-        print(f"kvserve bench --compare: {text}", file=opts.log, flush=True)
+        print(f"compare: {text}", file=opts.log, flush=True)
 
 
 def run_baselines(requests: Sequence[CompareRequest], opts: CompareOptions) -> list[BaselineRun]:

@@ -1,0 +1,117 @@
+"""`kvserve bench --compare` (a)(b)(c) end to end on the tiny model, the
+offline-throughput script, and the pure parts (names, prompts, extrapolation)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kvserve.loadtests.bench_cli import main
+from kvserve.loadtests.compare import resolve_baselines
+from kvserve.loadtests.compare_extrapolate import ServiceSample, fit_service_model, replay_serial, subset_indices
+from kvserve.loadtests.compare_prompts import token_prompts
+from kvserve.loadtests.datasets import LognormalDataset, SharedPrefixDataset
+
+PER_BASELINE = ("duration", "output_throughput", "total_token_throughput", "request_throughput",
+                "p50_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_e2el_ms", "completed", "failed",
+                "total_input_tokens", "total_output_tokens", "max_concurrent_requests")
+
+
+def test_compare_abc_reports_every_metric_and_consistent_ratios(llama_dir, tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    rc = main(["--compare", "--model", llama_dir, "--compare-baselines", "a,b,c", "--num-prompts", "4",
+               "--random-input-len", "8", "--random-range-ratio", "0.5", "--random-output-len", "4",
+               "--naive-max-requests", "2", "--static-batch-size", "2", "--json", str(out), "--disable-tqdm"])
+    assert rc == 0
+    table = capsys.readouterr().out
+    for row in ("(a) hf-serial", "(b) hf-static, B=2", "(c) kvserve-offline", "(c)/(a)", "measured: 2 of 4"):
+        assert row in table, row
+    doc = json.loads(out.read_text())
+    prompts = doc["workload"]
+    total_out = prompts["total_output_tokens"]  # lengths vary by +-50%: static batches waste some
+    assert prompts["num_requests"] == 4 and 8 <= total_out <= 24
+    base = doc["baselines"]
+    assert set(base) == {"a", "b", "c"}
+    for key, b in base.items():
+        for metric in PER_BASELINE:
+            assert isinstance(b[metric], (int, float)), (key, metric)
+        assert (b["completed"], b["failed"]) == (4, 0), key
+        assert b["total_output_tokens"] == total_out and b["total_input_tokens"] == prompts["total_input_tokens"]
+        assert 0 < b["output_throughput"] < b["total_token_throughput"], key
+        assert b["output_throughput"] == pytest.approx(total_out / b["duration"])
+        assert 0 < b["p50_ttft_ms"] <= b["p99_ttft_ms"] <= b["p99_e2el_ms"], key
+    # Queueing is visible: one at a time, or two batches, the last first token comes later than the median.
+    assert base["a"]["p99_ttft_ms"] > base["a"]["p50_ttft_ms"]
+    assert base["b"]["p99_ttft_ms"] > base["b"]["p50_ttft_ms"]
+    a = base["a"]
+    assert a["extrapolated"] and a["measured_requests"] == 2 and a["measured_subset"]["completed"] == 2
+    assert a["max_concurrent_requests"] == 1 and base["b"]["max_concurrent_requests"] == 2
+    assert 1 <= base["c"]["max_concurrent_requests"] <= 4
+    ratios = doc["ratios"]
+    assert set(ratios) == {"c_over_a", "c_over_b", "b_over_a"}  # no (d): it did not run
+    for name, value in ratios.items():
+        num, den = name.split("_over_")
+        assert math.isfinite(value) and value > 0
+        assert value == pytest.approx(base[num]["output_throughput"] / base[den]["output_throughput"])
+    # Same greedy tokens on the requests (a) measured: the baselines did the same work.
+    for key in ("b_vs_a", "c_vs_a"):
+        agree = doc["greedy_agreement"][key]
+        assert agree["requests_compared"] == 2 and agree["identical_requests"] == 2, key
+
+
+def test_offline_throughput_runs_and_prints_the_ratio(llama_dir, tmp_path, capsys):
+    from kvserve.loadtests.offline_throughput import main as offline_main
+
+    out = tmp_path / "offline.json"
+    assert offline_main(["--model", llama_dir, "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
+                         "--quiet", "--json", str(out)]) == 0
+    assert "ratio kvserve / transformers:" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["hf_serial"]["total_output_tokens"] == doc["kvserve_offline"]["total_output_tokens"] == 16
+    assert doc["ratio"] == pytest.approx(doc["kvserve_offline_output_throughput"] / doc["hf_serial_output_throughput"])
+
+
+def test_baseline_names_and_bad_compare_flags(capsys):
+    assert resolve_baselines("c,a") == ["a", "c"]
+    assert resolve_baselines(["hf-static", "(d)"]) == ["b", "d"]
+    assert resolve_baselines("") == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="unknown baseline 'e'"):
+        resolve_baselines("a,e")
+    assert main(["--compare", "--compare-baselines", "x"]) == 2
+    assert "unknown baseline" in capsys.readouterr().err
+    assert main(["--compare", "--endpoint-type", "chat"]) == 2
+    assert "token-id prompts" in capsys.readouterr().err
+    assert main(["--compare", "--temperature", "0.7"]) == 2
+    assert main(["--compare", "--static-batch-size", "0"]) == 2
+
+
+def test_token_prompts_have_exact_lengths_and_shared_prefixes():
+    ds = LognormalDataset(num_prompts=16, input_len=160, range_ratio=0.6, output_median=64, output_max=256, seed=3)
+    reqs = token_prompts(ds, vocab_size=2048)
+    ins, outs = ds.lengths()
+    assert [r.prompt_len for r in reqs] == list(ins) and [r.output_len for r in reqs] == list(outs)
+    assert all(64 <= r.prompt_len <= 256 and max(r.prompt_ids) < 2048 for r in reqs)
+    assert [r.prompt_ids for r in token_prompts(ds, 2048)] == [r.prompt_ids for r in reqs]  # seeded
+    sp = token_prompts(SharedPrefixDataset(2, 3, prefix_len=10, question_len=4, output_len=5, seed=0), 100)
+    assert len(sp) == 6 and all(r.prompt_len == 14 for r in sp)
+    for p in (0, 1):
+        group = [r.prompt_ids for r in sp if r.prefix_id == p]
+        assert len(group) == 3 and len({tuple(g[:10]) for g in group}) == 1 and len({tuple(g) for g in group}) == 3
+
+
+def test_serial_extrapolation_recovers_the_service_model():
+    # Synthetic subset: prefill 5 ms + 0.1 ms/token, decode 2 ms/token, 1 ms overhead.
+    samples = [ServiceSample(L, n, 0.005 + 0.0001 * L, 0.002 * (n - 1), 0.001) for L, n in
+               ((50, 10), (100, 30), (200, 5), (80, 60))]
+    fit = fit_service_model(samples)
+    assert fit.prefill_fixed_s == pytest.approx(0.005) and fit.prefill_per_token_s == pytest.approx(0.0001)
+    assert fit.decode_per_token_s == pytest.approx(0.002) and fit.overhead_s == pytest.approx(0.001)
+    reqs = token_prompts(LognormalDataset(num_prompts=8, input_len=100, range_ratio=0.5, seed=1), 64)
+    records, duration = replay_serial(reqs, fit)
+    assert duration == pytest.approx(sum(fit.service(r.prompt_len, r.output_len) for r in reqs))
+    ttfts = [r.ttft for r in records]
+    assert ttfts == sorted(ttfts) and records[-1].e2el == pytest.approx(duration)
+    assert [r.output_tokens for r in records] == [r.output_len for r in reqs]
+    assert subset_indices(64, 16)[:3] == [0, 4, 8] and len(subset_indices(64, 16)) == 16
+    assert subset_indices(5, 0) == subset_indices(5, 9) == [0, 1, 2, 3, 4]
