@@ -98,6 +98,16 @@ HTTP_REQUEST_DURATION = MetricSpec("kvserve:http_request_duration_seconds", H,
                                    labels=("route",), buckets=HTTP_DURATION_BUCKETS)
 HTTP_STREAMS_IN_FLIGHT = MetricSpec("kvserve:http_streams_in_flight", G, "SSE streams currently open.")
 
+# --- gateway router (only when it balances several replicas; frontend/replicas.py) ---
+ROUTER_REQUESTS = MetricSpec("kvserve:router_requests_total", C,
+                             "Backend requests routed, by replica and decision (affinity, least_loaded, retry).",
+                             labels=("replica", "decision"))
+ROUTER_OUTSTANDING = MetricSpec("kvserve:router_outstanding_requests", G,
+                                "Requests this gateway has in flight on each replica.", labels=("replica",))
+ROUTER_REPLICA_READY = MetricSpec("kvserve:router_replica_ready", G,
+                                  "1 while the replica passes its health check and takes requests, else 0.",
+                                  labels=("replica",))
+
 del C, G, H
 
 BACKEND_METRICS: tuple[MetricSpec, ...] = (
@@ -107,6 +117,8 @@ BACKEND_METRICS: tuple[MetricSpec, ...] = (
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS
+# Declared by the router beside the catalogue: DESIGN.md's catalogue is the one-backend set.
+ROUTER_METRICS: tuple[MetricSpec, ...] = (ROUTER_REQUESTS, ROUTER_OUTSTANDING, ROUTER_REPLICA_READY)
 SPECS_BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
 
 # Pre-created so each series exists at 0 and rate() works from the first scrape.
