@@ -13,11 +13,12 @@ from aiohttp import web
 
 from kvserve.frontend.errors import ApiError, from_backend
 from kvserve.frontend.fanout import Fanout
-from kvserve.frontend.middleware import request_id
+from kvserve.frontend.middleware import request_id, request_span
 from kvserve.frontend.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
 from kvserve.frontend.responses import ChoiceState, ChunkFactory, Usage, apply_delta, chat_body, completion_body
 from kvserve.frontend.sse import SseWriter
 from kvserve.frontend.state import Gateway
+from kvserve.frontend.tracing_seam import annotate_request, annotate_response
 
 log = logging.getLogger("kvserve.frontend.generation")
 
@@ -64,6 +65,8 @@ def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
 
 
 async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:
+    annotate_request(request_span(), response_id=call.rid, model=call.model, chat=call.chat,
+                     sampling=subs[0].sampling if subs else {})
     if stream:
         return await _stream(request, gateway, call, subs)
     return await _collect(gateway, call, subs)
@@ -84,6 +87,7 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
+    annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
     build = chat_body if call.chat else completion_body
     return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
 
@@ -131,4 +135,5 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
             pass  # the client went away; leaving the `async with` cancels the backend requests
         finally:
             gateway.metrics.stream_finished()
+            annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
         return writer.response

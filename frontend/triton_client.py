@@ -28,6 +28,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from kvserve.frontend.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
 from kvserve.frontend.triton_codec import build_request, classify_error, is_final, parse_response
 
 log = logging.getLogger("kvserve.frontend.triton")
@@ -77,9 +78,14 @@ class TritonBackendClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         stub = self._get_stub()
         finished = asyncio.Event()
+        # A CLIENT span around the call; its traceparent (not the server span's) goes to the backend.
+        span = start_client_span(self._url, self._model, request.request_id)
+        infer_request = build_request(self._model, request)
+        for key, value in span.parameters(request.traceparent).items():
+            infer_request.parameters[key].string_param = value
 
         async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
-            yield build_request(self._model, request)
+            yield infer_request
             # Keep our half of the stream open until the final response: a server
             # that ends the RPC on the client's half-close could otherwise drop
             # responses still in flight.
@@ -87,9 +93,12 @@ class TritonBackendClient:
 
         call = stub.ModelStreamInfer(outgoing())
         complete = False
+        grpc_code: int | None = None
+        error: str | None = None
         try:
             async for message in call:
                 if message.error_message:
+                    error = message.error_message
                     raise classify_error(message.error_message)
                 complete = is_final(message.infer_response)
                 delta = parse_response(message.infer_response)
@@ -100,8 +109,12 @@ class TritonBackendClient:
             else:
                 complete = True  # the server ended the stream: nothing more will come
         except grpc.aio.AioRpcError as exc:
+            grpc_code, error = exc.code().value[0], exc.code().name
             raise BackendUnavailable(f"backend {self._url}: {exc.code().name}") from exc
         finally:
+            if grpc_code is None and error is None:
+                grpc_code = GRPC_OK if complete else GRPC_CANCELLED
+            span.end(grpc_code, error)
             if complete:
                 finished.set()
                 await self._finish(call)
