@@ -16,7 +16,7 @@ import math
 import sys
 
 from kvserve.loadtests.compare import CompareUnavailable, resolve_baselines
-from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, vocab_size
+from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, prompt_vocab_size
 from kvserve.loadtests.compare_prompts import describe_prompts, token_prompts
 from kvserve.loadtests.compare_report import build_compare_document, format_compare
 from kvserve.loadtests.compare_run import CompareOptions, resolve_device, run_baselines
@@ -80,7 +80,7 @@ def run_compare_command(args: argparse.Namespace, dataset: Dataset) -> int:
     try:
         model_dir = ensure_bench_model(args.model)
         opts = options_from_args(args, model_dir)
-        requests = token_prompts(dataset, vocab_size(model_dir))
+        requests = token_prompts(dataset, prompt_vocab_size(model_dir))
         percentiles = _percentiles(args.metric_percentiles)
         runs = run_baselines(requests, opts)
     except ValueError as exc:
@@ -90,7 +90,8 @@ def run_compare_command(args: argparse.Namespace, dataset: Dataset) -> int:
         print(f"kvserve bench --compare: {exc}", file=sys.stderr)
         return 1
     device = resolve_device(opts.device)
-    model = {**model_facts(model_dir, opts.dtype), "dtype": opts.dtype, "device": device}
+    model = {**model_facts(model_dir, opts.dtype), "dtype": opts.dtype, "device": device,
+             "prompt_token_ids_below": prompt_vocab_size(model_dir)}
     workload = describe_prompts(requests)
     print(format_compare(runs, header_lines(model, workload, dataset, opts, device), percentiles,
                          opts.load.request_rate))

@@ -45,6 +45,21 @@ def vocab_size(model_dir: str) -> int:
     return int(model_config(model_dir)["vocab_size"])
 
 
+def prompt_vocab_size(model_dir: str) -> int:
+    """Prompt ids are drawn below this: ids the model and its tokenizer both know.
+
+    A checkpoint may pad its embedding beyond the tokenizer (the tiny models
+    do); the model accepts those ids, but an OpenAI server checks prompt ids
+    against the tokenizer, as vLLM does, and would reject them with a 400."""
+    limit = vocab_size(model_dir)
+    tokenizer_file = Path(model_dir) / "tokenizer.json"
+    if tokenizer_file.is_file():
+        from tokenizers import Tokenizer
+
+        limit = min(limit, Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True))
+    return limit
+
+
 def weight_tensors(model_dir: str) -> dict[str, tuple[int, str]]:
     """name -> (element count, stored dtype) from the safetensors headers, without loading weights."""
     out: dict[str, tuple[int, str]] = {}

@@ -7,9 +7,10 @@ endpoint as `"prompt": [ids]` (the API's token-id form; no BOS is added by any
 of the three). Lengths come from the dataset's own length draws, so a compare
 run has the length distribution `--dataset-name` describes.
 
-Ids are uniform over the whole vocabulary: a random-weight model does not care
-which tokens it reads, and uniform ids share no prefix by accident (the
-shared-prefix dataset shares one on purpose).
+Ids are uniform below `vocab_size`, which the caller sets to the ids both the
+model and its tokenizer know (compare_model.prompt_vocab_size): a random-weight
+model does not care which tokens it reads, and uniform ids share no prefix by
+accident (the shared-prefix dataset shares one on purpose).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, vocab_size
+from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, prompt_vocab_size
 from kvserve.loadtests.compare_prompts import describe_prompts, token_prompts
 from kvserve.loadtests.compare_run import CompareOptions, ratios, resolve_device, run_baselines
 from kvserve.loadtests.datasets import RandomDataset
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_dir = ensure_bench_model(args.model)
         dataset = RandomDataset(args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.seed)
-        requests = token_prompts(dataset, vocab_size(model_dir))
+        requests = token_prompts(dataset, prompt_vocab_size(model_dir))
     except ValueError as exc:
         print(f"offline_throughput: {exc}", file=sys.stderr)
         return 2

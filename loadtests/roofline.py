@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, vocab_size
+from kvserve.loadtests.compare_model import ensure_bench_model, model_facts, prompt_vocab_size
 from kvserve.loadtests.compare_prompts import CompareRequest
 from kvserve.loadtests.datasets import rng_for
 from kvserve.loadtests.report import _jsonable, write_json
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     step_bytes = weight_read + kv_read
 
     step_s, step_samples = decode_step_time(llm, args.prompt_len, args.output_len, args.repeats,
-                                            vocab_size(model_dir))
+                                            prompt_vocab_size(model_dir))
     del llm
     bandwidth, bw_samples = copy_bandwidth(device, args.copy_mib * 2**20, args.copy_repeats)
     ideal_s = step_bytes / bandwidth
