@@ -1,15 +1,27 @@
-"""Engine step listener: Prometheus metrics and after-the-fact trace spans.
+"""Engine step listener: Prometheus metrics and after-the-fact trace spans;
+and `RequestLog`, the request-scoped log lines of the Triton model.
 
-Runs on the engine thread after every step (see AsyncEngine.step_listeners).
-Counters are fed the difference of the engine's totals since the last step, so
-the engine itself never knows a metric name.
+The listener runs on the engine thread after every step (see
+AsyncEngine.step_listeners). Counters are fed the difference of the engine's
+totals since the last step, so the engine itself never knows a metric name.
 """
 from __future__ import annotations
+
+import json
+import logging
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import RequestOutput
 from kvserve.observability import semconv as sc
 from kvserve.observability.request_spans import RequestTimeline, record_request_spans
+from kvserve.observability.logging import log_requests_enabled, request_context
+
+request_log = logging.getLogger("kvserve.backend.requests")
+# Triton request parameter with the gateway's request id (X-Request-Id), so that
+# the backend's lines of a request carry the same request_id as the gateway's.
+X_REQUEST_ID_PARAM = "x_request_id"
 
 _COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
              "prefix_cache_queries_total", "prefix_cache_hits_total")
@@ -61,3 +73,70 @@ class EngineTelemetry:
             {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
              sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens},
             finish_reason=reason, error=out.error)
+
+
+def _string_parameter(request, name: str) -> str | None:
+    try:
+        value = json.loads(request.parameters() or "{}").get(name)
+    except (AttributeError, json.JSONDecodeError, TypeError):
+        return None
+    return value[:128] if isinstance(value, str) and value else None
+
+
+@dataclass(slots=True)
+class RequestLog:
+    """The log lines of one Triton request: "request queued" and "request finished".
+
+    Both are bound (``request_context``) to the gateway's request id, else the
+    engine's, and to the trace id of the request's traceparent. The prompt is
+    in them only with --log-requests (``KVSERVE_LOG_REQUESTS``).
+    """
+
+    request_id: str
+    engine_request_id: str
+    traceparent: str | None
+
+    @classmethod
+    def for_request(cls, request, engine_request_id: str, traceparent: str | None) -> RequestLog:
+        return cls(_string_parameter(request, X_REQUEST_ID_PARAM) or engine_request_id, engine_request_id,
+                   traceparent)
+
+    def context(self) -> AbstractContextManager[None]:
+        return request_context(self.request_id, traceparent=self.traceparent,
+                               engine_request_id=self.engine_request_id)
+
+    def queued(self, prompt: str | list[int], params, stream: bool, tokenizer) -> None:
+        try:
+            self._queued(prompt, params, stream, tokenizer)
+        except Exception:  # a log line must never fail the request
+            request_log.exception("logging a queued request failed")
+
+    def finished(self, out: RequestOutput) -> None:
+        try:
+            self._finished(out)
+        except Exception:
+            request_log.exception("logging a finished request failed")
+
+    def _queued(self, prompt: str | list[int], params, stream: bool, tokenizer) -> None:
+        fields = {"stream": stream, "n": params.n, "max_tokens": params.max_tokens}
+        if isinstance(prompt, list):
+            fields["prompt_tokens"] = len(prompt)
+        if log_requests_enabled():
+            fields["prompt"] = prompt if isinstance(prompt, str) else tokenizer.decode(prompt, skip_special_tokens=False)
+        with self.context():
+            request_log.info("request queued", extra=fields)
+
+    def _finished(self, out: RequestOutput) -> None:
+        rm = out.metrics
+        reasons = rm.finish_reasons if rm is not None else [c.finish_reason for c in out.outputs if c.finish_reason]
+        fields: dict = {"finish_reason": "error" if out.error else ",".join(reasons) or "abort",
+                        "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.num_cached_tokens}
+        if rm is not None:
+            fields.update(completion_tokens=rm.num_generated_tokens, preemptions=len(rm.preemptions),
+                          e2e_s=round(rm.finished - rm.arrival, 4))
+            if rm.first_token is not None:
+                fields["ttft_s"] = round(rm.first_token - rm.arrival, 4)
+        if out.error:
+            fields["error"] = out.error
+        with self.context():
+            request_log.log(logging.WARNING if out.error else logging.INFO, "request finished", extra=fields)

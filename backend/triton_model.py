@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
 from kvserve.backend.config import EngineConfig, env_overrides
 from kvserve.backend.outputs import RequestOutput
-from kvserve.backend.telemetry import EngineTelemetry
+from kvserve.backend.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
 
 log = logging.getLogger("kvserve.backend")
@@ -35,6 +35,7 @@ class _Live:
     stream: bool
     want_logprobs: bool
     totals: dict[int, ChoiceTotals] = field(default_factory=dict)
+    log: RequestLog | None = None  # its request-scoped log lines
 
 
 def engine_config_from_triton(model_config: dict) -> EngineConfig:
@@ -71,8 +72,11 @@ class TritonLLMModel:
 
     @staticmethod
     def _setup_observability() -> None:
+        from kvserve.observability.logging import configure_logging, logging_configured
         from kvserve.observability.tracing import setup_tracing
-        setup_tracing(os.environ.get("KVSERVE_OTLP_TRACES_ENDPOINT") or None)
+        if not logging_configured():  # tritonserver's stub: nobody did (the embedded host has)
+            configure_logging()
+        setup_tracing(os.environ.get("KVSERVE_OTLP_TRACES_ENDPOINT") or None, service_name="kvserve-backend")
 
     def _backend_metrics(self, args: dict):
         from kvserve.observability.metrics_backend import BackendMetrics
@@ -90,7 +94,8 @@ class TritonLLMModel:
             try:
                 parsed = parse_request(self.pb, request)
                 rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
-                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs is not None)
+                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs is not None,
+                             log=RequestLog.for_request(request, rid, parsed.traceparent))
                 self._live[rid] = live
                 try:
                     self.engine.add_request(rid, parsed.prompt, parsed.params,
@@ -99,17 +104,26 @@ class TritonLLMModel:
                 except BaseException:
                     self._live.pop(rid, None)
                     raise
+                live.log.queued(parsed.prompt, parsed.params, parsed.stream, self.tokenizer)
             except ValueError as exc:
                 self._send_error(sender, str(exc), self.pb.TritonError.INVALID_ARG)
             except (EngineOverloaded, EngineClosed) as exc:
                 self._send_error(sender, f"unavailable: {exc}", self.pb.TritonError.UNAVAILABLE)
-            except Exception:
-                log.exception("could not queue a request")
+            except Exception as exc:  # no traceback in the logs: it names files (debug level has it)
+                log.error("could not queue a request (%s)", type(exc).__name__)
+                log.debug("queueing failure", exc_info=True)
                 self._send_error(sender, "internal error while queueing the request", self.pb.TritonError.INTERNAL)
         return None
 
+    def is_model_ready(self) -> bool:
+        """Triton Python backend's user-defined readiness (ModelReady RPC): False
+        while the engine is unhealthy, e.g. for a few seconds after a failed step."""
+        return self.engine.healthy()
+
     def finalize(self) -> None:
+        from kvserve.observability.tracing import flush_tracing
         self.engine.shutdown()
+        flush_tracing()  # the spans of the last requests (a stub process may not run atexit)
         self._stop.set()
         self._outputs.put(None)
         self._thread.join(timeout=10)
@@ -173,17 +187,20 @@ class TritonLLMModel:
                 live.sender.send(response, flags=final if i == len(responses) - 1 else 0)
             if final and not responses:
                 live.sender.send(flags=final)
-        except Exception:
-            log.exception("sending a response failed for %s", live.request_id)
+        except Exception as exc:
+            log.error("sending a response failed for %s (%s)", live.request_id, type(exc).__name__)
+            log.debug("send failure", exc_info=True)
             self.engine.abort(live.request_id)
         finally:
             if out.finished:
                 self._live.pop(live.request_id, None)
+                if live.log is not None:
+                    live.log.finished(out)
 
     def _send_error(self, sender, message: str, code) -> None:
         try:
             error = self.pb.TritonError(message, code)
             sender.send(self.pb.InferenceResponse(output_tensors=[], error=error),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:
-            log.exception("sending an error response failed")
+        except Exception as exc:
+            log.error("sending an error response failed (%s)", type(exc).__name__)

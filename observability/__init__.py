@@ -24,6 +24,7 @@ from .logging import (
     configure_logging,
     get_logger,
     log_requests_enabled,
+    logging_configured,
     request_context,
     request_text,
     request_text_fields,
@@ -33,7 +34,7 @@ from .metrics import BACKEND_METRICS, CATALOGUE, GATEWAY_METRICS, BackendMetrics
 __all__ = [
     "BACKEND_METRICS", "CATALOGUE", "GATEWAY_METRICS", "BackendMetrics", "GatewayMetrics", "MetricKind",
     "MetricSpec", "RequestTimeline", "configure_logging", "current_traceparent", "extract_context",
-    "flush_tracing", "get_logger", "get_tracer", "inject_traceparent", "log_requests_enabled",
+    "flush_tracing", "get_logger", "get_tracer", "inject_traceparent", "log_requests_enabled", "logging_configured",
     "record_request_spans", "request_context", "request_text", "request_text_fields", "semconv",
     "setup_tracing", "shutdown_tracing", "span_context_from_traceparent", "tracing_enabled",
 ]

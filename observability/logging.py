@@ -123,6 +123,11 @@ def configure_logging(*, fmt: str | None = None, level: str | int | None = None,
     )
 
 
+def logging_configured() -> bool:
+    """True once ``configure_logging`` ran in this process (and was not undone)."""
+    return any(isinstance(h, _KvserveHandler) for h in logging.getLogger().handlers)
+
+
 def get_logger(name: str | None = None, **initial: Any) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger(name, **initial)
 

@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        stream=sys.stderr, level=_LEVELS[level], force=True,
-        format="%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s",
-    )
+    # kvserve's structlog setup: JSON lines on stderr (KVSERVE_LOG_FORMAT=console for
+    # humans), so the models' request lines carry request_id and trace_id fields.
+    from kvserve.observability.logging import configure_logging
+    configure_logging(level=_LEVELS[level], stream=sys.stderr)
 
 
 def _reserve_stdout() -> TextIO:
