@@ -18,8 +18,17 @@ from kvserve.frontend.state import GATEWAY, Gateway
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def _replicas(gateway: Gateway) -> dict[str, int] | None:
+    """Ready and total replicas when the backend balances several (ReplicaSet)."""
+    status = getattr(gateway.backend, "replica_status", None)
+    if status is None:
+        return None
+    replicas = status()
+    return {"ready": sum(r.ready for r in replicas), "total": len(replicas)}
+
+
 def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
-    return {
+    card = {
         "id": name,
         "object": "model",
         "created": gateway.created,
@@ -28,6 +37,10 @@ def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
         "parent": None,
         "max_model_len": gateway.config.max_model_len,
     }
+    replicas = _replicas(gateway)
+    if replicas is not None:
+        card["replicas"] = replicas
+    return card
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -46,7 +59,8 @@ async def health(request: web.Request) -> web.Response:
     # Always a fresh probe: load balancers act on this answer.
     if not await gateway.backend.ready():
         raise backend_unavailable()
-    return web.json_response({"status": "ok"})
+    replicas = _replicas(gateway)  # several: 200 while at least one is ready
+    return web.json_response({"status": "ok"} if replicas is None else {"status": "ok", "replicas": replicas})
 
 
 async def metrics(request: web.Request) -> web.Response:

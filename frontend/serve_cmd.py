@@ -24,7 +24,7 @@ from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
-from kvserve.frontend.replicas import ReplicaSet
+from kvserve.frontend.replica_flags import add_replica_flags, build_backend, is_remote, validate_replica_flags
 from kvserve.frontend.state import DEFAULT_MAX_BODY, Gateway, GatewayConfig
 from kvserve.frontend.tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
@@ -33,7 +33,7 @@ log = logging.getLogger("kvserve.frontend.serve")
 
 # Flags the gateway itself uses even when the engine runs elsewhere.
 _GATEWAY_SIDE = {"served_model_name", "tokenizer", "max_model_len", "chat_template", "log_format",
-                 "log_requests", "otlp_traces_endpoint"}
+                 "log_requests", "otlp_traces_endpoint", "block_size"}  # block_size: the prefix-affinity key
 
 
 class UsageError(Exception):
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1/* (default: $KVSERVE_API_KEY)")
     p.add_argument("--triton-url", action="append", default=[], metavar="HOST:PORT",
-                   help="use running Triton server(s) over gRPC instead of starting the embedded host; repeat to balance")
+                   help="use running Triton server(s) over gRPC instead of starting the embedded host; repeat to "
+                        "balance; dns://NAME:PORT balances over every address NAME resolves to")
     p.add_argument("--triton-metrics-url", action="append", default=[], metavar="URL",
                    help="metrics URL of each --triton-url, same order (default: http://HOST:<grpc port + 1>/metrics)")
     p.add_argument("--triton-model-name", default="llm", help="model name in the Triton repository")
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="larger bodies get 413 (default 4MiB)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
     add_engine_flags(p)
+    add_replica_flags(p)
     return p
 
 
@@ -74,7 +76,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         raise UsageError("give the model once: either positionally or with --model")
     model = args.model or args.model_tag
     model_dir = Path(model).expanduser() if model else None
-    remote = bool(args.triton_url)
+    remote = is_remote(args)
+    if remote:
+        validate_replica_flags(args)
     if model_dir is not None and not model_dir.is_dir() and not remote:
         raise UsageError(f"--model {model}: not a local folder (kvserve loads models from disk, no hub downloads)")
     if model_dir is not None and not model_dir.is_dir():
@@ -94,13 +98,6 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         if ignored:
             log.warning("engine flags %s are ignored with --triton-url (set them on the Triton side)", " ".join(ignored))
     return Plan(model_dir, tokenizer_dir, names, remote)
-
-
-def _metrics_url(grpc_url: str, explicit: str | None) -> str | None:
-    if explicit:
-        return explicit
-    host, _, port = grpc_url.rpartition(":")
-    return f"http://{host}:{int(port) + 1}/metrics" if port.isdigit() else None
 
 
 def model_repository(args: argparse.Namespace) -> str:
@@ -173,16 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         backend: BackendClient
         if plan.remote:
-            metrics = args.triton_metrics_url + [None] * len(args.triton_url)
-            clients = [TritonBackendClient(u, model_name=args.triton_model_name, metrics_url=_metrics_url(u, m))
-                       for u, m in zip(args.triton_url, metrics)]
-            backend = clients[0] if len(clients) == 1 else ReplicaSet(clients)
             model_dir = plan.model_dir
         else:
             model_dir = plan.model_dir or ensure_default_model()
             child, backend = start_host(args, model_dir)
         tokenizer_dir = plan.tokenizer_dir or model_dir
         tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        if plan.remote:
+            backend = build_backend(args, tokenizer)  # the tokenizer keys prefix affinity
         config = GatewayConfig(
             served_model_names=plan.served_names,
             model_root=str(model_dir) if model_dir else None,

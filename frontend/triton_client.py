@@ -42,6 +42,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect to a restarted backend within seconds (gRPC's default backoff
+    # grows to 2 minutes), so a replica's health check can pass again soon.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 _HEALTH_TIMEOUT_S = 2.0
 _CLOSE_GRACE_S = 1.0
