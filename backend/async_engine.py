@@ -4,7 +4,8 @@ Callers on any thread add requests with a callback (model.py) or iterate an
 async stream (`generate`). Adds and aborts are applied by the engine thread
 between steps, so an abort frees the request's blocks before the next step.
 If a forward pass fails, every in-flight request ends with an error output and
-the engine keeps serving new requests (it does not exit).
+the engine keeps serving new requests (it does not exit); `healthy()` is False
+for FAULT_UNHEALTHY_S after each failure, so readiness probes see the fault.
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from kvserve.backend.sampling_params import SamplingParams
 log = logging.getLogger("kvserve.engine")
 
 OutputCallback = Callable[[RequestOutput], None]
+# How long readiness stays false after a failed step (each failure restarts it):
+# long enough for probes and load balancers to notice, short enough that a
+# one-off fault does not take the replica out for long.
+FAULT_UNHEALTHY_S = 3.0
 StepListener = Callable[[LLMEngine, list[RequestOutput], float], None]
 
 
@@ -61,6 +66,7 @@ class AsyncEngine:
         self._stats = self.engine.stats()
         self.step_listeners = list(step_listeners or [])
         self.last_error: str | None = None
+        self._unhealthy_until = 0.0  # time.monotonic() until which healthy() is False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="kvserve-engine", daemon=True)
         self._thread.start()
@@ -74,6 +80,11 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def healthy(self) -> bool:
+        """False while shutting down, after the engine thread died, and for
+        FAULT_UNHEALTHY_S after a failed step. Cheap: readiness probes call it."""
+        return not self._closed and self._thread.is_alive() and time.monotonic() >= self._unhealthy_until
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             return dict(self._stats)
@@ -81,7 +92,7 @@ class AsyncEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     callback: OutputCallback, traceparent: str | None = None) -> None:
         """Validate now (ValueError names the field) and queue; outputs reach `callback` on the engine thread."""
-        if self._closed:
+        if self._closed or not self._thread.is_alive():
             raise EngineClosed("the engine is shutting down")
         ids = self.engine.validate_prompt(prompt, params)
         limit = self.config.max_waiting_requests
@@ -128,9 +139,15 @@ class AsyncEngine:
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # a fault in the forward pass must not kill the server
-                log.exception("engine step failed; failing in-flight requests")
+                self._unhealthy_until = float("inf")  # not ready while the fault is handled
+                # No traceback at error level: logs must not carry file paths (or
+                # anything of a prompt an exception message might quote); the
+                # traceback is there for debug logging.
+                log.error("engine step failed (%s); failing in-flight requests", type(exc).__name__)
+                log.debug("engine step failure", exc_info=True)
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 outputs = self.engine.recover_from_fault("internal error: the engine step failed")
+                self._unhealthy_until = time.monotonic() + FAULT_UNHEALTHY_S
             self._deliver(outputs, started)
         for rid in list(self.engine.groups):
             out = self.engine.fail(rid, "unavailable: the engine is shutting down", "shutdown")
@@ -151,8 +168,9 @@ class AsyncEngine:
             if isinstance(item, _Abort):
                 try:
                     out = self.engine.abort(item.request_id)
-                except Exception:  # never let one bad abort stop the engine thread
-                    log.exception("abort of %s failed", item.request_id)
+                except Exception as exc:  # never let one bad abort stop the engine thread
+                    log.error("abort of %s failed (%s)", item.request_id, type(exc).__name__)
+                    log.debug("abort failure", exc_info=True)
                     continue
                 if out is not None:
                     outputs.append(out)
@@ -164,10 +182,21 @@ class AsyncEngine:
                                         item.traceparent)
                 self._callbacks[item.request_id] = item.callback
             except ValueError as exc:
-                item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=str(exc),
-                                            error_kind="invalid"))
+                self._reject(item, str(exc), "invalid")
+            except Exception as exc:  # anything else must cost this request only, not the engine thread
+                log.error("adding request %s failed (%s)", item.request_id, type(exc).__name__)
+                log.debug("add_request failure", exc_info=True)
+                self._reject(item, "internal error: the request could not be added", "internal")
         self._deliver(outputs, time.time())
         return True
+
+    @staticmethod
+    def _reject(item: _Add, message: str, kind: str) -> None:
+        try:
+            item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=message,
+                                        error_kind=kind))
+        except Exception:
+            log.error("output callback failed for request %s", item.request_id)
 
     def _deliver(self, outputs: list[RequestOutput], started: float) -> None:
         for out in outputs:
@@ -176,13 +205,15 @@ class AsyncEngine:
                 continue
             try:
                 cb(out)
-            except Exception:  # one broken consumer must not stop the others
-                log.exception("output callback failed for request %s", out.request_id)
+            except Exception as exc:  # one broken consumer must not stop the others
+                log.error("output callback failed for request %s (%s)", out.request_id, type(exc).__name__)
+                log.debug("output callback failure", exc_info=True)
         stats = self.engine.stats()
         with self._lock:
             self._stats = stats
         for listener in self.step_listeners:
             try:
                 listener(self.engine, outputs, started)
-            except Exception:
-                log.exception("step listener failed")
+            except Exception as exc:
+                log.error("step listener failed (%s)", type(exc).__name__)
+                log.debug("step listener failure", exc_info=True)

@@ -39,8 +39,11 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     num_threads: int | None = None
-    # Test hook: raise inside the model forward after this many steps (reliability tests).
+    # Test hook: raise inside the model forward at this step, once (reliability tests).
     fault_injection_step: int | None = None
+    # Debug aid: log when each request is first scheduled and when it is aborted or
+    # failed (reliability tests prove from it that a request dropped while queued never ran).
+    log_scheduling: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -105,18 +105,24 @@ class LLMEngine:
             cache_key = params.cache_salt or ""
         else:
             cache_key = f"siblings:{request_id}" if params.n > 1 else None
+        # Build every child before registering any: a failure half-way (e.g. a bad
+        # seed) must not leave orphan children in the scheduler, where they would
+        # break every later step (their group would be missing).
+        children: list[_Sequence] = []
         for i in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(child_id, ids, params, eos_token_ids=self.eos_token_ids, cache_key=cache_key)
             req.times.arrival = arrival
             generator = None
             if params.seed is not None and not params.greedy:
-                generator = torch.Generator(device=self.runner.device).manual_seed(params.seed + i)
+                generator = torch.Generator(device=self.runner.device).manual_seed(_torch_seed(params.seed + i))
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
                                            params.skip_special_tokens)
-            self.sequences[child_id] = _Sequence(req, request_id, i, detok, generator)
-            group.children.append(child_id)
-            self.scheduler.add_request(req)
+            children.append(_Sequence(req, request_id, i, detok, generator))
+        for seq in children:
+            self.sequences[seq.request.request_id] = seq
+            group.children.append(seq.request.request_id)
+            self.scheduler.add_request(seq.request)
         self.groups[request_id] = group
         self.prompt_tokens_total += len(ids) * params.n
 
@@ -137,6 +143,9 @@ class LLMEngine:
         outputs = []
         for child_id in group.children:
             seq = self.sequences[child_id]
+            if self.config.log_scheduling and not seq.reported_finish:
+                state = "running" if seq.request.times.first_scheduled is not None else "never scheduled"
+                log.info("request %s ended (%s): %s", child_id, status.value, state)
             if not seq.reported_finish:
                 self.scheduler.finish_request(child_id, status)
                 outputs.append(self._take_delta(seq, status.value))
@@ -153,6 +162,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_timeouts()
         sched = self.scheduler.schedule()
+        if self.config.log_scheduling:
+            for rid in sched.new_request_ids:
+                log.info("request %s scheduled", rid)
         if sched.is_empty:
             return outputs
         logits, sample_ids = self.runner.execute(sched)
@@ -288,5 +300,16 @@ class LLMEngine:
     def recover_from_fault(self, message: str) -> list[RequestOutput]:
         """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""
         outs = [o for rid in list(self.groups) if (o := self.fail(rid, message)) is not None]
+        # Defensive: a scheduler entry without a sequence would fail every later step.
+        for rid in [r for r in self.scheduler.requests if r not in self.sequences]:
+            self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR)
         self.kv.reset_prefix_cache()
         return outs
+
+
+_SEED_SPAN = 2**64
+
+
+def _torch_seed(seed: int) -> int:
+    """torch seeds are 64-bit; seed + child index may pass 2**64 - 1, so wrap it."""
+    return seed - _SEED_SPAN if seed >= _SEED_SPAN else seed

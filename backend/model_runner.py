@@ -144,7 +144,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
         """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample)."""
         self.num_steps += 1
-        if self.config.fault_injection_step is not None and self.num_steps >= self.config.fault_injection_step:
+        # One-shot, so a test sees the engine fail and then recover.
+        if self.config.fault_injection_step is not None and self.num_steps == self.config.fault_injection_step:
             raise InjectedFault(f"injected fault at step {self.num_steps}")
         input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
         logits = self.model(self.ops, input_ids, positions, self.kv_caches, meta, logits_indices)

@@ -86,6 +86,23 @@ class ModelInstance:
             "model_name": rt.name,
         }
 
+    def user_ready(self) -> bool:
+        """The model's own `is_model_ready()` (the Python backend's user-defined
+        readiness); True when it has none. Runs on the gRPC loop, so it must be cheap;
+        raising or returning a non-boolean counts as not ready."""
+        hook = getattr(self._model, "is_model_ready", None) if self.initialized else None
+        if hook is None:
+            return True
+        try:
+            result = hook()
+        except Exception as exc:
+            _LOG.warning("is_model_ready of model instance '%s' raised %s", self.name, type(exc).__name__)
+            return False
+        if not isinstance(result, bool):
+            _LOG.warning("is_model_ready of model instance '%s' returned a non-boolean", self.name)
+            return False
+        return result
+
     def start(self) -> concurrent.futures.Future[None]:
         self._thread.start()
         return self._ready

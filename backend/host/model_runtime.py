@@ -121,6 +121,10 @@ class ModelRuntime:
 
     # ---- serving ----
 
+    def user_ready(self) -> bool:
+        """Every instance's model says it is ready (see ModelInstance.user_ready)."""
+        return all(inst.user_ready() for inst in self._instances)
+
     def submit(self, request: InferenceRequest, handle: RequestHandle) -> None:
         if self.state != ModelState.READY:
             raise InferError(TritonError.UNAVAILABLE,

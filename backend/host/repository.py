@@ -98,9 +98,9 @@ class ModelRepository:
         return runtime
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Loaded and, when the model defines `is_model_ready()`, ready by its own account."""
         try:
-            self.lookup(name, version)
-            return True
+            return self.lookup(name, version).user_ready()
         except InferError:
             return False
 

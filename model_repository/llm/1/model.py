@@ -16,5 +16,10 @@ class TritonPythonModel:
     def execute(self, requests):
         return self.impl.execute(requests)
 
+    def is_model_ready(self):
+        # User-defined readiness (Triton Python backend): false while the engine
+        # recovers from a failed step. Older tritonservers simply never call it.
+        return self.impl.is_model_ready()
+
     def finalize(self):
         self.impl.finalize()
