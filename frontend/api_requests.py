@@ -21,6 +21,7 @@ MAX_STOP = 64
 MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_MESSAGES = 4096
+MAX_TIMEOUT_S = 86400.0  # the engine's SamplingParams limit
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -108,6 +109,9 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         "include_stop_str_in_output": F.opt_bool(body, "include_stop_str_in_output"),
         "skip_special_tokens": F.opt_bool(body, "skip_special_tokens"),
         "cache_salt": F.opt_str(body, "cache_salt", max_len=256, allow_empty=False),
+        # Extension (as vLLM's extra fields): seconds from arrival; past it the
+        # engine ends the request with a "timeout" error and frees its blocks.
+        "timeout": F.opt_number(body, "timeout", 0.0, MAX_TIMEOUT_S, lo_open=True),
     }
     if body.get("stop_token_ids") is not None:
         values["stop_token_ids"] = F.token_ids(body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)

@@ -83,7 +83,12 @@ def model_not_found(name: str) -> ApiError:
 
 
 def backend_unavailable(detail: str = "the model backend is not ready") -> ApiError:
-    return ApiError(503, detail, code="backend_unavailable")
+    return ApiError(503, detail, code="backend_unavailable", headers={"Retry-After": "1"})
+
+
+def shutting_down() -> ApiError:
+    # Retry-After: another replica (behind the same load balancer) can take it now.
+    return ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "1"})
 
 
 def internal_error() -> ApiError:
@@ -99,7 +104,7 @@ def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
     """
     # Imported here: protocol.py is plain data, but keeping errors.py free of it
     # lets every module import errors without cycles.
-    from kvserve.frontend.protocol import BackendRejected, BackendUnavailable
+    from kvserve.frontend.protocol import BackendRejected, BackendUnavailable, ShuttingDown
 
     if isinstance(exc, BackendRejected):
         if exc.overloaded:
@@ -116,6 +121,8 @@ def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
         elif param == "logprobs" and prompt_param == "messages":
             param = "top_logprobs"
         return ApiError(400, exc.message, param=param)
+    if isinstance(exc, ShuttingDown):
+        return shutting_down()
     if isinstance(exc, BackendUnavailable):
         return backend_unavailable()
     return internal_error()

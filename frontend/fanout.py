@@ -37,6 +37,11 @@ class Fanout:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def abort(self, exc: BaseException) -> None:
+        """End the call now with `exc` (the consumer raises it), e.g. at the
+        shutdown deadline; leaving the `async with` then cancels the requests."""
+        self._queue.put_nowait((-1, exc))
+
     async def _pump(self, index: int, request: GenerateRequest) -> None:
         stream = self._backend.generate(request)
         try:

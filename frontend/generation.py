@@ -6,8 +6,10 @@ wire format. Choices are numbered `prompt_index * n + i`, as OpenAI does.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from aiohttp import web
 
@@ -64,6 +66,18 @@ def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
     return exc if isinstance(exc, ApiError) else from_backend(exc, prompt_param=call.prompt_param)
 
 
+@contextlib.asynccontextmanager
+async def _fanout(gateway: Gateway, subs: list[GenerateRequest]) -> AsyncIterator[Fanout]:
+    """A Fanout the gateway knows about while it runs: graceful shutdown waits
+    for `gateway.active` to empty and aborts what is left at its deadline."""
+    async with Fanout(gateway.backend, subs) as fan:
+        gateway.active.add(fan)
+        try:
+            yield fan
+        finally:
+            gateway.active.discard(fan)
+
+
 async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:
     annotate_request(request_span(), response_id=call.rid, model=call.model, chat=call.chat,
                      sampling=subs[0].sampling if subs else {})
@@ -81,7 +95,7 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
             state.text_len = len(text)
     usage = Usage()
     try:
-        async with Fanout(gateway.backend, subs) as fan:
+        async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat)
@@ -96,7 +110,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
     choices = _choices(call, len(subs))
     usage = Usage()
     chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
-    async with Fanout(gateway.backend, subs) as fan:
+    async with _fanout(gateway, subs) as fan:
         try:
             await fan.prefetch()
         except BackendError as exc:

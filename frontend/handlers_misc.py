@@ -9,7 +9,7 @@ from aiohttp import web
 
 from kvserve.frontend import fields as F
 from kvserve.frontend.api_requests import parse_messages
-from kvserve.frontend.errors import backend_unavailable, bad_request
+from kvserve.frontend.errors import backend_unavailable, bad_request, shutting_down
 from kvserve.frontend.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openapi import openapi_document
 from kvserve.frontend.request_body import read_json_body
@@ -56,6 +56,8 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    if gateway.draining:  # SIGTERM: out of the load balancer at once, while in-flight requests finish
+        raise shutting_down()
     # Always a fresh probe: load balancers act on this answer.
     if not await gateway.backend.ready():
         raise backend_unavailable()
@@ -114,4 +116,4 @@ async def detokenize(request: web.Request) -> web.Response:
 
 async def openapi(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    return web.json_response(openapi_document(gateway.config.version, secured=bool(gateway.config.api_key), vocab_size=gateway.vocab_size))
+    return web.json_response(openapi_document(gateway.config.version, secured=bool(gateway.key_digests), vocab_size=gateway.vocab_size))

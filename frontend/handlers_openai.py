@@ -11,10 +11,10 @@ from kvserve.frontend.api_requests import ChatRequest, CompletionRequest, parse_
 from kvserve.frontend.chat_template import ChatTemplateError, render_chat
 from kvserve.frontend.errors import ApiError, bad_request
 from kvserve.frontend.generation import Call, respond
-from kvserve.frontend.middleware import request_span
+from kvserve.frontend.middleware import request_span, request_tenant
 from kvserve.frontend.protocol import GenerateRequest
 from kvserve.frontend.request_body import read_json_body
-from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.state import GATEWAY, Gateway, effective_cache_salt
 from kvserve.frontend.tracing_seam import backend_traceparent
 
 
@@ -45,6 +45,17 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
         raise _context_error(len(prompt_ids), sampling["max_tokens"], limit, param)
 
 
+def _apply_tenant_salt(sampling: dict) -> None:
+    """Prefix-cache isolation: the engine sees a salt derived from the
+    authenticated tenant and the client's own `cache_salt`, never the client's
+    value alone, so one tenant cannot reuse (or time) another's cached prefixes."""
+    salt = effective_cache_salt(request_tenant(), sampling.get("cache_salt"))
+    if salt is None:
+        sampling.pop("cache_salt", None)
+    else:
+        sampling["cache_salt"] = salt
+
+
 # Response and Triton request ids are always fresh uuids: the engine keys its
 # requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
 def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
@@ -60,6 +71,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     req: CompletionRequest = parse_completion(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
+    _apply_tenant_salt(req.sampling)
     for prompt in req.prompts:
         if isinstance(prompt, list):
             _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
@@ -100,6 +112,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     req: ChatRequest = parse_chat(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
+    _apply_tenant_salt(req.sampling)
     ids = chat_prompt_ids(gateway, req.messages, req.add_generation_prompt)
     _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
     await gateway.ensure_ready()

@@ -4,12 +4,15 @@
                 optional one-line request log (never the prompt);
 2. `errors`   - every failure becomes an OpenAI error object; aiohttp's own
                 404/405/413 included; no traceback reaches the client;
-3. `auth`     - Bearer API key on /v1/* and the tokenize routes.
+3. `auth`     - Bearer API key on every route but /health, /metrics and
+                /version (unknown routes included, so a client without a key
+                cannot probe which routes exist); it resolves the key's tenant.
 """
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import hmac
 import logging
 import re
@@ -21,6 +24,7 @@ from aiohttp import web
 from opentelemetry import trace
 
 from kvserve.frontend.errors import ApiError, internal_error
+from kvserve.frontend.openapi import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS
 from kvserve.frontend.state import GATEWAY
 from kvserve.frontend.tracing_seam import ServerSpan, start_server_span
 from kvserve.observability.logging import request_context
@@ -32,7 +36,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # task, and this needs no aiohttp-version-specific request keys.
 _SPAN: contextvars.ContextVar[ServerSpan | None] = contextvars.ContextVar("kvserve_span", default=None)
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("kvserve_request_id", default="")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+_TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_tenant", default=None)
+# What probes and scrapers reach without a key; everything else needs one when keys are set.
+PUBLIC_PATHS = frozenset(OPENAPI_PUBLIC_PATHS)
 _CLIENT_GONE = 499  # nginx's convention for "client closed the request"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
@@ -48,6 +54,11 @@ def request_id() -> str:
 
 def request_span() -> ServerSpan | None:
     return _SPAN.get()
+
+
+def request_tenant() -> str | None:
+    """The authenticated client's tenant; None when the server has no API keys."""
+    return _TENANT.get()
 
 
 @web.middleware
@@ -92,8 +103,11 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _from_http_exception(request, exc).to_response()
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, route_template(request))
+    except Exception as exc:
+        # No traceback at error level: it would put file paths (and maybe request
+        # values quoted by an exception) in the logs; debug logging has it.
+        log.error("unhandled error on %s %s: %s", request.method, route_template(request), type(exc).__name__)
+        log.debug("unhandled error", exc_info=True)
         return internal_error().to_response()
 
 
@@ -109,15 +123,33 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiErr
     return ApiError(exc.status, exc.reason or "request failed")
 
 
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def match_key(token: str, digests: list[tuple[bytes, str]]) -> str | None:
+    """The tenant of `token`, compared against every key in constant time.
+
+    No early exit: the time taken does not depend on which key (if any)
+    matched; comparing fixed-length digests also hides the keys' lengths."""
+    presented = key_digest(token)
+    tenant = None
+    for digest, owner in digests:
+        if hmac.compare_digest(presented, digest):
+            tenant = owner
+    return tenant
+
+
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    key = request.app[GATEWAY].config.api_key
-    if key and request.path.startswith(PROTECTED_PREFIXES):
+    digests = request.app[GATEWAY].key_digests
+    if digests and request.path not in PUBLIC_PATHS:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-        if not ok:
+        tenant = match_key(token.strip(), digests) if scheme.lower() == "bearer" else None
+        if tenant is None:
             raise ApiError(401, "invalid or missing API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        _TENANT.set(tenant)
     return await handler(request)
 
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvserve.frontend.api_requests import CHAT_ROLES, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PROMPTS, MAX_STOP, MAX_STOP_CHARS
+from kvserve.frontend.api_requests import (
+    CHAT_ROLES, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PROMPTS, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
+)
+
+# Reachable without a key; every other route (this document included) needs one when keys are set.
+PUBLIC_PATHS = ("/health", "/metrics", "/version")
 
 
 def _num(lo: float | None = None, hi: float | None = None, *, exclusive_lo: bool = False, integer: bool = False) -> dict[str, Any]:
@@ -57,7 +62,10 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
                            "properties": {"include_usage": _bool()}},
         "response_format": {"type": "object", "nullable": True, "required": ["type"],
                             "properties": {"type": {"type": "string", "enum": ["text"]}}},
-        "cache_salt": {"type": "string", "minLength": 1, "maxLength": 256, "nullable": True},
+        "cache_salt": {"type": "string", "minLength": 1, "maxLength": 256, "nullable": True,
+                       "description": "prefix-cache scope within the caller's tenant"},
+        "timeout": {**_num(0, MAX_TIMEOUT_S, exclusive_lo=True),
+                    "description": "kvserve extension: seconds; past it the request ends with a timeout error"},
         "include_stop_str_in_output": _bool(),
         "skip_special_tokens": _bool(),
     }
@@ -149,8 +157,9 @@ def _post(summary: str, request: str, response: str, *, stream: bool, protected:
                  "404": _error("unknown model"), "413": _error("body too large"),
                  "415": _error("body is not JSON")}
     if stream:
-        responses["503"] = _error("backend not ready")
+        responses["503"] = _error("backend not ready, overloaded or shutting down")
         responses["500"] = _error("engine failure")
+        responses["504"] = _error("the request's timeout passed")
     if protected:
         responses["401"] = _error("missing or wrong API key")
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
@@ -165,6 +174,8 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
             responses["401"] = _error("missing or wrong API key")
         return {"get": {"summary": summary, "responses": responses}}
 
+    protected = secured
+
     paths = {
         "/v1/completions": _post("Create a text completion", "CompletionRequest", "Completion", stream=True, protected=secured),
         "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest", "ChatCompletion", stream=True, protected=secured),
@@ -176,7 +187,7 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
         "/health": get("200 when the backend is ready", {"type": "object"}, ("503", _error("backend not ready"))),
         "/metrics": get("Prometheus metrics of the gateway and its backends", None),
         "/version": get("Server version", {"type": "object", "properties": {"version": {"type": "string"}}}),
-        "/openapi.json": get("This document", {"type": "object"}),
+        "/openapi.json": get("This document", {"type": "object"}, protected=protected),
     }
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
@@ -187,7 +198,7 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in paths.items():
-            if path.startswith(("/v1/", "/tokenize", "/detokenize")):
+            if path not in PUBLIC_PATHS:
                 for op in item.values():
                     op["security"] = [{"bearer": []}]
     return doc

@@ -66,6 +66,10 @@ class BackendUnavailable(BackendError):
     """Transport failure or backend not ready: HTTP 503, the request may be retried."""
 
 
+class ShuttingDown(BackendUnavailable):
+    """The gateway's shutdown deadline passed with the request still running."""
+
+
 class BackendRejected(BackendError):
     """The engine refused the request (bad field, prompt too long, overloaded).
 

@@ -4,11 +4,27 @@ does not parse or is not an object."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
 
 from kvserve.frontend.errors import ApiError, bad_request
+
+
+# A JSON escape of a UTF-16 surrogate: legal JSON, but a lone one is no Unicode
+# text (it cannot be encoded as UTF-8 for the engine), so such bodies get a check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+    except RecursionError:
+        return False  # parsed fine, so json.loads bounded the depth; nothing more to check
 
 
 def _too_large(limit: int) -> ApiError:
@@ -31,6 +47,10 @@ async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise bad_request("request body is not valid JSON") from None
+    except RecursionError:  # nested deeper than the parser's stack allows
+        raise bad_request("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        raise bad_request("request body holds an unpaired UTF-16 surrogate (not valid Unicode text)")
     return body

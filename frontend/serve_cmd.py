@@ -25,7 +25,9 @@ from kvserve.frontend.host_process import HostProcess, HostStartError, free_port
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.replica_flags import add_replica_flags, build_backend, is_remote, validate_replica_flags
-from kvserve.frontend.state import DEFAULT_MAX_BODY, Gateway, GatewayConfig
+from kvserve.frontend.api_keys import load_api_keys
+from kvserve.frontend.drain import drain
+from kvserve.frontend.state import DEFAULT_MAX_BODY, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig
 from kvserve.frontend.tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
@@ -46,8 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model folder in the Hugging Face layout (default: a built-in tiny model)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: pick a free one)")
-    p.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1/* (default: $KVSERVE_API_KEY)")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="require `Authorization: Bearer KEY` on every route but /health, /metrics, /version; "
+                        "repeat for several keys (tenant 'default'; default: $KVSERVE_API_KEY)")
+    p.add_argument("--api-keys-file", metavar="FILE",
+                   help="more API keys, one 'KEY TENANT' per line; tenants never share prefix-cache entries")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="SECONDS",
+                   help="on SIGTERM, in-flight requests get this long to finish before they end with an error "
+                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:.0f})")
     p.add_argument("--triton-url", action="append", default=[], metavar="HOST:PORT",
                    help="use running Triton server(s) over gRPC instead of starting the embedded host; repeat to "
                         "balance; dns://NAME:PORT balances over every address NAME resolves to")
@@ -131,10 +139,14 @@ async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess
     app = build_app(gateway)
     runner, bound = await start_app(app, host, port)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
     exit_code = 0
+
+    def on_signal() -> None:  # the second signal skips the rest of the drain
+        (force if stop.is_set() else stop).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     print(f"kvserve gateway ready http://{host}:{bound} model={gateway.default_model} "
           f"backend={gateway.backend.name}", flush=True)
     if not await gateway.backend.ready():
@@ -148,7 +160,9 @@ async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess
                 exit_code = 1
                 break
     log.info("shutting down")
-    await runner.cleanup()  # cancels open requests, which cancels their Triton requests
+    await drain(gateway, gateway.config.shutdown_timeout, force,
+                backend_alive=lambda: child is None or child.alive())
+    await runner.cleanup()  # cancels what is left, which cancels their Triton requests
     return exit_code
 
 
@@ -161,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = plan_from_args(args)
         chat_template = resolve_template_arg(args.chat_template)
+        api_keys = load_api_keys(args.api_key or [os.environ.get("KVSERVE_API_KEY", "")], args.api_keys_file)
         setup_tracing(args.otlp_traces_endpoint, service_name="kvserve-gateway")
-    except (UsageError, FileNotFoundError, ValueError) as exc:
+    except (UsageError, OSError, ValueError) as exc:
         print(f"kvserve serve: error: {exc}", file=sys.stderr)
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_exit)  # clean up the child if stopped while starting
@@ -181,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         config = GatewayConfig(
             served_model_names=plan.served_names,
             model_root=str(model_dir) if model_dir else None,
-            api_key=args.api_key or None,
+            api_keys=api_keys,
             max_request_body_bytes=args.max_request_body_bytes,
             # Derived from the model folder only when this process starts the engine:
             # a remote server may run with another --max-model-len.
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             version=_version(),
+            shutdown_timeout=args.shutdown_timeout,
         )
         signal.signal(signal.SIGTERM, previous)  # from here the event loop handles it
         return asyncio.run(run_gateway(Gateway(config, backend, tokenizer), args.host, args.port, child))

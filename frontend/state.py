@@ -4,18 +4,22 @@ metrics and a short-lived readiness cache. One `Gateway` per aiohttp app.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
-from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found
+from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.tokenizer import GatewayTokenizer
 from kvserve.observability.metrics_gateway import GatewayMetrics
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+# Keys given with --api-key (not the keys file) belong to this tenant.
+DEFAULT_TENANT = "default"
 
 
 @dataclass(slots=True)
@@ -23,11 +27,31 @@ class GatewayConfig:
     served_model_names: list[str]
     model_root: str | None = None  # the model folder, reported as `root` by /v1/models
     api_key: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant, in addition to api_key
     max_request_body_bytes: int = DEFAULT_MAX_BODY
     max_model_len: int | None = None  # known only when given as a flag; the engine checks anyway
     chat_template: str | None = None  # --chat-template text; overrides the tokenizer's
     log_requests: bool = False
     version: str = "0.1.0"
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # in-flight requests get this long after SIGTERM
+
+    def key_table(self) -> dict[str, str]:
+        """Every accepted API key -> its tenant (empty: no authentication)."""
+        table = dict(self.api_keys)
+        if self.api_key:
+            table.setdefault(self.api_key, DEFAULT_TENANT)
+        return table
+
+
+def effective_cache_salt(tenant: str | None, client_salt: str | None) -> str | None:
+    """The prefix-cache salt the engine sees: the authenticated tenant plus the
+    client's own salt, hashed, so no client can name (or guess its way into)
+    another tenant's cache entries. Without authentication and without a client
+    salt everyone shares one cache, as before."""
+    if tenant is None and client_salt is None:
+        return None
+    material = f"{tenant or ''}\x00{client_salt or ''}".encode("utf-8")
+    return "t-" + hashlib.sha256(material).hexdigest()
 
 
 class ReadinessCache:
@@ -63,10 +87,14 @@ class Gateway:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     readiness: ReadinessCache | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # SIGTERM received: readiness and new generation requests answer 503
+    active: set = field(default_factory=set)  # Fanouts in flight (generation.py), aborted at the drain deadline
+    key_digests: list = field(default_factory=list, init=False)  # [(sha256(key), tenant)] for middleware.auth
 
     def __post_init__(self) -> None:
         if self.readiness is None:
             self.readiness = ReadinessCache(self.backend)
+        self.key_digests = [(hashlib.sha256(k.encode("utf-8")).digest(), t) for k, t in self.config.key_table().items()]
 
     @property
     def default_model(self) -> str:
@@ -97,6 +125,8 @@ class Gateway:
 
     async def ensure_ready(self) -> None:
         assert self.readiness is not None
+        if self.draining:
+            raise shutting_down()
         if not await self.readiness.ready():
             raise backend_unavailable()
 

@@ -29,8 +29,11 @@ def test_wrong_or_missing_api_key_is_401(secured) -> None:
 
 
 def test_open_routes_need_no_key(secured) -> None:
-    for path in ("/health", "/metrics", "/version", "/openapi.json"):
+    for path in ("/health", "/metrics", "/version"):
         assert get(secured.url + path).status == 200, path
+    # Everything else needs the key, the API description and unknown routes included.
+    for path in ("/openapi.json", "/no/such/route"):
+        assert get(secured.url + path).status == 401, path
 
 
 def test_invalid_field_is_400_with_param(client: openai.OpenAI) -> None:
