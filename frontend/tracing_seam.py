@@ -106,7 +106,6 @@ class ClientSpan:
         params: dict[str, str] = {}
         if self.span.get_span_context().is_valid:
             params.update(inject_traceparent(ctx=trace.set_span_in_context(self.span)))
-            params.pop("tracestate", None)
         elif fallback_traceparent:
             params["traceparent"] = fallback_traceparent
         rid = structlog.contextvars.get_contextvars().get("request_id")
