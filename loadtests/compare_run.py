@@ -34,7 +34,7 @@ class CompareOptions:
     api_key: str | None = None
     load: LoadConfig = field(default_factory=LoadConfig)
     startup_timeout_s: float = 600.0
-    log: Any = sys.stderr  # progress lines; None for silence
+    log: Any = None  # progress stream; None means sys.stderr as it is when a line is written
 
     def engine_args(self) -> dict[str, Any]:
         args: dict[str, Any] = {"dtype": self.dtype}
@@ -64,8 +64,7 @@ def resolve_device(device: str) -> str:
 
 
 def _say(opts: CompareOptions, text: str) -> None:
-    if opts.log is not None:
-        print(f"compare: {text}", file=opts.log, flush=True)
+    print(f"compare: {text}", file=opts.log or sys.stderr, flush=True)
 
 
 def run_baselines(requests: Sequence[CompareRequest], opts: CompareOptions) -> list[BaselineRun]:

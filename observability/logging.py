@@ -44,7 +44,21 @@ _log_requests = False
 
 
 class _KvserveHandler(logging.StreamHandler):
-    """Marks the one root handler we own, so reconfiguring replaces it."""
+    """Marks the one root handler we own, so reconfiguring replaces it.
+
+    Without an explicit stream it writes to whatever sys.stderr is at emit time,
+    so a replaced stderr (pytest's capture, a daemonised process) never leaves it
+    holding a closed file.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self._follow_stderr = stream is None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._follow_stderr:
+            self.stream = sys.stderr
+        super().emit(record)
 
 
 def _add_trace_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -83,6 +97,7 @@ def configure_logging(*, fmt: str | None = None, level: str | int | None = None,
         if not isinstance(level, int):
             raise ValueError(f"unknown log level {level!r}")
     _log_requests = _env_flag("KVSERVE_LOG_REQUESTS") if log_requests is None else bool(log_requests)
+    explicit_stream = stream
     stream = stream if stream is not None else sys.stderr
 
     shared: list[Any] = [
@@ -105,7 +120,7 @@ def configure_logging(*, fmt: str | None = None, level: str | int | None = None,
         foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
     )
-    handler = _KvserveHandler(stream)
+    handler = _KvserveHandler(explicit_stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _KvserveHandler)]:

@@ -144,14 +144,26 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
             "model_max_length": spec.max_position,
         }, indent=2))
         (tmp / "kvserve_tiny.json").write_text(json.dumps(asdict(spec)))
-        if out.exists():
-            shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-    except BaseException:
+        _publish(tmp, out, marker, asdict(spec))
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not marker.is_file():
-            raise
     return out
+
+
+def _publish(tmp: Path, out: Path, marker: Path, spec: dict) -> None:
+    """Move tmp to out unless a concurrent writer already published the same model there.
+
+    A folder that exists is never deleted while it holds this spec, so readers never
+    see it vanish; only a folder with another spec is replaced.
+    """
+    try:
+        os.rename(tmp, out)
+        return
+    except OSError:
+        if marker.is_file() and json.loads(marker.read_text()) == spec:
+            return
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
 
 
 def default_model_dir() -> Path:

@@ -121,9 +121,9 @@ def test_plot_is_written(fake_server, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
-def test_compare_is_a_clear_placeholder(capsys):
-    assert main(["--compare", "hf-serial"]) == 2
-    assert "not yet available" in capsys.readouterr().err
+def test_compare_rejects_an_unknown_baseline_before_any_work(capsys):
+    assert main(["--compare", "--compare-baselines", "nonsense"]) == 2
+    assert "unknown baseline" in capsys.readouterr().err
 
 
 def test_bad_arguments_fail_before_any_traffic(capsys):

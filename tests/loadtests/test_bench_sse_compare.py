@@ -7,7 +7,7 @@ import pytest
 
 from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.compare import (
-    CompareUnavailable, GenerationOutput, build_requests, format_comparison, resolve_baselines, run_comparison,
+    GenerationOutput, build_requests, format_comparison, resolve_baselines, run_comparison,
 )
 from kvserve.loadtests.datasets import RandomDataset
 from kvserve.loadtests.sse import LineSplitter, data_payload, parse_payload
@@ -61,11 +61,13 @@ def test_compare_seam_runs_baselines_on_the_same_prompts():
     assert "vs serial" in table and "1.00x" in table
 
 
-def test_compare_seam_rejects_missing_outputs_and_flag_is_unavailable():
+def test_compare_seam_rejects_missing_outputs_and_resolves_baselines():
     with pytest.raises(ValueError, match="one output per request"):
         run_comparison(_requests(3), {"bad": lambda reqs: [GenerationOutput(0, 1)]})
-    with pytest.raises(CompareUnavailable, match="not yet available"):
-        resolve_baselines([])
+    assert resolve_baselines([]) == ["a", "b", "c", "d"]
+    assert resolve_baselines("d,a") == ["a", "d"]
+    with pytest.raises(ValueError, match="unknown baseline"):
+        resolve_baselines("zz")
 
 
 def test_offline_prompt_list_matches_dataset_without_a_server():
