@@ -1,0 +1,184 @@
+"""deploy/ checked with what runs here (no Docker engine, no cluster): every
+YAML file parses (multi-document), the Grafana dashboard only queries metrics
+kvserve exports, the compose file, Kubernetes manifests and Dockerfile agree
+with the gateway's flags; `docker compose config` and `kubectl kustomize` run
+when those tools work offline."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvserve.frontend.serve_cmd import build_parser
+from kvserve.observability import metrics as m
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+METRIC_NAMES = {s.name for s in (*m.CATALOGUE, *m.ROUTER_METRICS)}
+HISTOGRAMS = {s.name for s in (*m.CATALOGUE, *m.ROUTER_METRICS) if s.kind is m.MetricKind.HISTOGRAM}
+_METRIC_REF = re.compile(r"kvserve:[A-Za-z0-9_:]+")
+
+
+def _docs(path: Path) -> list:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _base_metric(name: str) -> str:
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name[: -len(suffix)] in HISTOGRAMS:
+            return name[: -len(suffix)]
+    return name
+
+
+def test_every_yaml_file_parses() -> None:
+    assert len(YAML_FILES) >= 10, YAML_FILES
+    for path in YAML_FILES:
+        docs = _docs(path)
+        assert docs and all(isinstance(d, dict) for d in docs), path
+
+
+def _dashboard_queries(node) -> list[str]:
+    out = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("expr", "definition") and isinstance(v, str):
+                out.append(v)
+            else:
+                out.extend(_dashboard_queries(v))
+    elif isinstance(node, list):
+        for v in node:
+            out.extend(_dashboard_queries(v))
+    return out
+
+
+def test_dashboard_queries_only_catalogue_metrics() -> None:
+    board = json.loads((DEPLOY / "grafana" / "dashboards" / "kvserve.json").read_text())
+    queries = _dashboard_queries(board)
+    assert len(queries) >= 20
+    used = set()
+    for q in queries:
+        refs = _METRIC_REF.findall(q)
+        assert refs, f"query without a kvserve metric: {q}"
+        for ref in refs:
+            assert _base_metric(ref) in METRIC_NAMES, f"{ref} is not in kvserve.observability.metrics: {q}"
+            used.add(_base_metric(ref))
+    # the router and the engine's headline metrics are on it
+    assert {m.ROUTER_REQUESTS.name, m.ROUTER_OUTSTANDING.name, m.ROUTER_REPLICA_READY.name,
+            m.NUM_REQUESTS_WAITING.name, m.TIME_TO_FIRST_TOKEN.name, m.PREFIX_CACHE_HITS.name} <= used
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    datasource = _docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml")[0]
+    uids = {p["datasource"]["uid"] for p in board["panels"] if "datasource" in p}
+    assert uids == {datasource["datasources"][0]["uid"]}
+
+
+def _compose() -> dict:
+    return _docs(DEPLOY / "docker-compose.yaml")[0]
+
+
+def test_compose_wires_replicas_gateway_and_observability() -> None:
+    services = _compose()["services"]
+    tritons = sorted(s for s in services if s.startswith("triton-"))
+    assert len(tritons) >= 2
+    assert {"gateway", "otel-collector", "jaeger", "prometheus", "grafana"} <= set(services)
+    for name in tritons:
+        assert "tritonserver" in services[name]["command"][0]
+        assert services[name]["build"]["dockerfile"] == "deploy/Dockerfile"
+    # the gateway's command line is one `kvserve serve` accepts, with every replica
+    command = services["gateway"]["command"]
+    assert command[:2] == ["kvserve", "serve"]
+    args = build_parser().parse_args([a.replace("${KVSERVE_MODEL_NAME:-model}", "model")
+                                      .replace("${KVSERVE_SERVED_MODEL_NAME:-kvserve}", "kvserve") for a in command[2:]])
+    assert sorted(args.triton_url) == [f"{t}:8001" for t in tritons]
+    # every file mounted from deploy/ exists
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (DEPLOY / source).exists(), source
+    assert (DEPLOY / "otel-collector.yaml").is_file()
+    prometheus = _docs(DEPLOY / "prometheus.yml")[0]
+    targets = {t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    assert {f"{t}:8002" for t in tritons} | {"gateway:8000"} <= targets
+
+
+def test_dockerfile_layers_kvserve_on_tritonserver() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM nvcr\.io/nvidia/tritonserver:\$\{TRITON_TAG\}-py3$", text, re.M)
+    assert re.search(r"^ARG TRITON_TAG=\d\d\.\d\d$", text, re.M)
+    for folder in re.findall(r"^COPY (\S+) ", text, re.M):
+        for part in folder.split():
+            assert (DEPLOY.parent / part).exists(), part
+    assert "model_repository" in text and "tritonserver" in text
+
+
+def _k8s() -> dict[tuple[str, str], dict]:
+    objects = {}
+    for path in (DEPLOY / "k8s").glob("*.yaml"):
+        for doc in _docs(path):
+            if "kind" in doc and doc.get("apiVersion", "").count("/") <= 1 and "metadata" in doc:
+                objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+def test_k8s_manifests_route_through_the_headless_service_and_scale_on_waiting() -> None:
+    objs = _k8s()
+    triton = objs[("Deployment", "kvserve-triton")]
+    container = triton["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}
+    assert {p["containerPort"] for p in container["ports"]} == {8000, 8001, 8002}
+    volumes = {v["name"]: v for v in triton["spec"]["template"]["spec"]["volumes"]}
+    claim = volumes["models"]["persistentVolumeClaim"]["claimName"]
+    assert ("PersistentVolumeClaim", claim) in objs
+    headless = objs[("Service", "kvserve-triton")]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= triton["spec"]["template"]["metadata"]["labels"].items()
+    gateway = objs[("Deployment", "kvserve-gateway")]
+    gw = gateway["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(gw["args"])
+    assert args.triton_url == ["dns://kvserve-triton:8001"]
+    assert gw["readinessProbe"]["httpGet"]["path"] == "/health"
+    service = objs[("Service", "kvserve-gateway")]
+    assert service["spec"]["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
+    hpa = objs[("HorizontalPodAutoscaler", "kvserve-triton")]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "kvserve-triton"}
+    metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    adapter = _docs(DEPLOY / "k8s" / "prometheus-adapter-values.yaml")[0]
+    rule = adapter["rules"]["custom"][0]
+    assert rule["name"]["as"] == metric
+    assert m.NUM_REQUESTS_WAITING.name in rule["seriesQuery"] and re.match(rule["name"]["matches"], m.NUM_REQUESTS_WAITING.name)
+    listed = set(_docs(DEPLOY / "k8s" / "kustomization.yaml")[0]["resources"])
+    assert listed == {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml", "prometheus-adapter-values.yaml"}
+
+
+def _works(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_docker_compose_config() -> None:
+    if shutil.which("docker") and _works(["docker", "compose", "version"]):
+        argv = ["docker", "compose"]
+    elif shutil.which("docker-compose") and _works(["docker-compose", "version"]):
+        argv = ["docker-compose"]
+    else:
+        pytest.skip("no docker compose here (the docker client has no compose plugin); the YAML is checked above")
+    out = subprocess.run([*argv, "-f", str(DEPLOY / "docker-compose.yaml"), "config", "--quiet"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_kubectl_kustomize_builds() -> None:
+    if not shutil.which("kubectl"):
+        pytest.skip("no kubectl here")
+    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY / "k8s")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(out.stdout) if d)
+    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service", "Service"]
