@@ -23,6 +23,7 @@ _CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+_FORMAT = 2  # bump when the files written for a given spec change
 _ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
           "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -122,11 +123,17 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
         raise ValueError(f"arch: must be one of {sorted(_ARCHS)}")
     out = Path(out_dir)
     marker = out / "kvserve_tiny.json"
-    if marker.is_file() and json.loads(marker.read_text()) == asdict(spec):
+    record = {"format": _FORMAT, **asdict(spec)}
+    if marker.is_file() and json.loads(marker.read_text()) == record:
         return out
     tok = train_tokenizer(spec.vocab_size)
-    # A small corpus caps the BPE vocabulary; pad the embedding like real checkpoints pad theirs.
-    vocab = max(tok.get_vocab_size(), spec.vocab_size)
+    # A small corpus caps the BPE vocabulary: fill the rest with plain added tokens so that
+    # every id the model can emit decodes to some text (benchmarks count streamed chunks).
+    missing = spec.vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        from tokenizers import AddedToken
+        tok.add_tokens([AddedToken(f"<|x{i}|>", special=False, normalized=False) for i in range(missing)])
+    vocab = tok.get_vocab_size()
     head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     bos = tok.token_to_id("<|endoftext|>")
@@ -143,8 +150,8 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
             "pad_token": "<|endoftext|>", "add_bos_token": False, "chat_template": _CHAT_TEMPLATE,
             "model_max_length": spec.max_position,
         }, indent=2))
-        (tmp / "kvserve_tiny.json").write_text(json.dumps(asdict(spec)))
-        _publish(tmp, out, marker, asdict(spec))
+        (tmp / "kvserve_tiny.json").write_text(json.dumps(record))
+        _publish(tmp, out, marker, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
