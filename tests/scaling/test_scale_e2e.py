@@ -22,8 +22,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from utils.processes import REPO_ROOT, run_host  # noqa: E402
+from tests.utils.processes import REPO_ROOT, run_host
 
 MAX_NUM_SEQS = 2  # small, so requests queue in each engine (not yet started when a host dies)
 CLIENT_BOUND_S = 60.0  # every client must finish or get its error within this

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +21,6 @@ from kvserve.frontend.tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 from scale_fakes import ScriptedReplica, drain, req
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import tiny_model  # noqa: E402
 
 
 @dataclass
@@ -98,8 +94,8 @@ def test_prefix_key_is_the_first_full_block_plus_cache_salt() -> None:
     assert key(req("6", "text without a tokenizer")) is None
 
 
-def test_prefix_key_of_text_matches_the_tokens_it_stands_for() -> None:
-    tok = load_tokenizer(tiny_model("llama"))
+def test_prefix_key_of_text_matches_the_tokens_it_stands_for(llama_dir: str) -> None:
+    tok = load_tokenizer(llama_dir)
     key = PrefixKey(tok, block_size=16)
     system = "You are a careful assistant who answers questions about the paged KV cache. " * 3
     long_a = system + "What is a block table? " + "Explain slowly. " * 200
@@ -275,7 +271,7 @@ def test_dns_source_follows_the_answers_and_keeps_the_last_good_one() -> None:
     asyncio.run(body())
 
 
-def test_urls_file_and_flag_parsing() -> None:
+def test_urls_file_and_flag_parsing(llama_dir: str) -> None:
     fixed, dns = parse_urls_file("a:1  # first\n\ndns://svc:8001\nb:2 http://b:3/metrics\n")
     assert fixed == [Target("a:1"), Target("b:2", "http://b:3/metrics")] and dns == ["dns://svc:8001"]
     with pytest.raises(ValueError):
@@ -286,7 +282,7 @@ def test_urls_file_and_flag_parsing() -> None:
     def parse(*argv: str):
         return build_parser().parse_args(list(argv))
 
-    tok = tiny_model("llama")
+    tok = llama_dir
     args = parse("--triton-url", "h:8001", "--tokenizer", tok)
     assert plan_from_args(args).remote and isinstance(build_backend(args, None), TritonBackendClient)
     args = parse("--triton-url", "h:8001", "--triton-url", "dns://svc:8001", "--tokenizer", tok,
