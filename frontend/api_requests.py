@@ -197,8 +197,11 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
         out.append({"role": role, "content": _content(msg.get("content"), where, role)})
-        if isinstance(msg.get("name"), str):
-            out[-1]["name"] = msg["name"]
+        name = msg.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad_request(f"'{where}.name' must be a string", param="messages")
+        if name is not None:
+            out[-1]["name"] = name
     return out
 
 

@@ -110,7 +110,8 @@ def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
         if exc.overloaded:
             return ApiError(503, "the server is overloaded, retry later", code="overloaded", headers={"Retry-After": "1"})
         if exc.code == "timeout":
-            return ApiError(504, exc.message, code="timeout", type="timeout_error")
+            # The client's own `timeout` ran out: a 4xx (408), not a server failure.
+            return ApiError(408, exc.message, code="timeout", type="timeout_error")
         if exc.code == "context_length_exceeded":
             return ApiError(400, exc.message, param=prompt_param, code="context_length_exceeded")
         param = exc.field

@@ -78,10 +78,11 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
     ids = {"type": "array", "minItems": 1, "items": token_id}
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
-    message = {"type": "object", "required": ["role", "content"], "properties": {
+    message = {"type": "object", "required": ["role"], "properties": {  # an assistant message may omit content
         "role": {"type": "string", "enum": sorted(CHAT_ROLES)},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
-        "name": {"type": "string"},
+        "content": {"nullable": True, "description": "null only for an assistant message",
+                    "oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
+        "name": {"type": "string", "nullable": True},
     }}
     usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
         "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
@@ -152,14 +153,16 @@ def _error(description: str) -> dict[str, Any]:
 def _post(summary: str, request: str, response: str, *, stream: bool, protected: bool) -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
-        ok["text/event-stream"] = {"schema": {"type": "string", "description": "SSE chunks, then data: [DONE]"}}
+        # OpenAPI 3.0: the schema describes one event; `data` is a JSON chunk, an error object or [DONE].
+        ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"], "properties": {
+            "data": {"type": "string"}, "event": {"type": "string"}}}}
     responses = {"200": {"description": "OK", "content": ok}, "400": _error("invalid request"),
                  "404": _error("unknown model"), "413": _error("body too large"),
                  "415": _error("body is not JSON")}
     if stream:
         responses["503"] = _error("backend not ready, overloaded or shutting down")
         responses["500"] = _error("engine failure")
-        responses["504"] = _error("the request's timeout passed")
+        responses["408"] = _error("the request's own timeout passed")
     if protected:
         responses["401"] = _error("missing or wrong API key")
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {

@@ -39,8 +39,8 @@ _FIELD_ERROR = re.compile(r"(?:^|[\s:])(" + "|".join(sorted(SAMPLING_FIELDS, key
 _CONTEXT_ERROR = "context_length_exceeded"
 # The engine's "unavailable: the waiting queue is full" (EngineOverloaded / closed).
 _OVERLOADED = re.compile(r"(?:^|[\s:])(unavailable|overloaded):")
-# The gateway never sends `timeout`, so a "timeout: ..." error is the engine
-# ending a request that ran past its deadline, not a validation error.
+# The gateway validates `timeout` before sending it, so a "timeout: ..." error is
+# the engine ending a request that ran past its deadline, not a validation error.
 _TIMEOUT = re.compile(r"(?:^|[\s:])timeout:")
 
 FINAL_PARAM = "triton_final_response"
