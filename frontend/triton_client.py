@@ -40,6 +40,10 @@ _CHANNEL_OPTIONS = [
     # Detect a dead backend within ~20 s even on idle connections.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # Current gRPC core waits this long for a keepalive ping's ack, whatever
+    # keepalive_timeout says (default 60 s; measured with grpcio 1.85): without
+    # it a silent (stopped, partitioned) peer fails its streams only after a minute.
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # Reconnect to a restarted backend within seconds (gRPC's default backoff
