@@ -20,7 +20,7 @@ if _PATH:
         where = " <- ".join(f"{f.name}" for f in reversed(frames))
         try:
             with open(_PATH, "a", encoding="utf-8") as out:
-                out.write(f"pid={os.getpid()} {what} via {where} argv={' '.join(sys.argv[:3])}\n")
+                out.write(f"pid={os.getpid()} {what} via {where} argv={' '.join(getattr(sys, 'argv', [])[:3])}\n")
         except OSError:
             pass
 
@@ -45,3 +45,8 @@ if _PATH:
             super().__init__(*a, **k)
 
     pickle.loads, pickle.load, pickle.Unpickler = loads, load, Unpickler
+    try:  # proof that the guard is active in this process
+        with open(_PATH + ".loaded", "a", encoding="utf-8") as out:
+            out.write(f"pid={os.getpid()} argv={' '.join(getattr(sys, 'argv', [])[:3])}\n")
+    except OSError:
+        pass
