@@ -170,26 +170,76 @@ async def _stream_outcome(session: aiohttp.ClientSession, url: str, prompt: list
     return "broken"
 
 
-def test_sigkill_of_a_host_mid_load_hangs_no_client(cluster: Cluster) -> None:
-    n = 24
+async def _load_and_fail(cluster: Cluster, s: aiohttp.ClientSession, n: int, seed: int, fail) -> tuple[list, float, float, object]:
+    """n streams; once tokens flow, `fail(victim)` on the replica with the most of them in flight.
+    Returns (outcomes, seconds, retries, victim)."""
+    before = await cluster.router(s, "kvserve:router_requests_total")
+    started = asyncio.Event()
+    prompts = [[(7 * i + j + seed) % 500 + 1 for j in range(20)] for i in range(n)]
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(_stream_outcome(s, cluster.url, p, 48, started)) for p in prompts]
+    await asyncio.wait_for(started.wait(), 30)
+    outstanding = await cluster.router(s, "kvserve:router_outstanding_requests")
+    victim_name = max(outstanding, key=outstanding.get)[0]
+    victim = next(h for h in cluster.hosts if h.grpc_url == victim_name)
+    assert outstanding[(victim_name, "")] > MAX_NUM_SEQS  # some of them are queued, not started
+    fail(victim)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = time.monotonic() - t0
+    after = await cluster.router(s, "kvserve:router_requests_total")
+    retries = sum(v - before.get(k, 0) for k, v in after.items() if k[1] == "retry")
+    return results, elapsed, retries, victim
 
+
+def _check_outcomes(results: list, retries: float) -> None:
+    assert not [r for r in results if isinstance(r, BaseException)], results  # no client timed out
+    counts = {k: results.count(k) for k in set(results)}
+    # only requests already streaming from the victim may fail, each with an error event
+    assert set(counts) <= {"ok", "error_event"}, counts
+    assert counts.get("error_event", 0) <= MAX_NUM_SEQS, counts
+    assert retries >= 1  # the victim's queued requests moved and completed elsewhere
+
+
+def test_a_silent_host_is_taken_out_and_comes_back(cluster: Cluster) -> None:
+    """SIGSTOP: the connection stays open and nothing answers. The health check
+    notices within seconds (queued requests move); streams already running
+    there end through gRPC keepalive; after SIGCONT the replica is routed to again."""
     async def body() -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_BOUND_S)) as s:
-            before = await cluster.router(s, "kvserve:router_requests_total")
-            started = asyncio.Event()
-            prompts = [[(7 * i + j) % 500 + 1 for j in range(20)] for i in range(n)]
-            t0 = time.monotonic()
-            tasks = [asyncio.create_task(_stream_outcome(s, cluster.url, p, 48, started)) for p in prompts]
-            await asyncio.wait_for(started.wait(), 30)
-            # the victim: the replica with the most requests of ours in flight
-            outstanding = await cluster.router(s, "kvserve:router_outstanding_requests")
-            victim_name = max(outstanding, key=outstanding.get)[0]
-            victim = next(h for h in cluster.hosts if h.grpc_url == victim_name)
-            assert outstanding[(victim_name, "")] > MAX_NUM_SEQS  # some of them are queued, not started
-            victim.proc.send_signal(signal.SIGKILL)
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            elapsed = time.monotonic() - t0
+            stopped = []
+
+            def stop(h) -> None:
+                h.proc.send_signal(signal.SIGSTOP)
+                stopped.append(h)
+
+            try:
+                results, elapsed, retries, victim = await _load_and_fail(cluster, s, 24, 3, stop)
+                status, text = await cluster.get(s, "/health")
+                assert status == 200 and json.loads(text)["replicas"] == {"ready": 2, "total": 3}, text
+            finally:
+                for h in stopped:
+                    h.proc.send_signal(signal.SIGCONT)
+            _check_outcomes(results, retries)
+            assert elapsed < 35  # keepalive: ping every 10 s, 10 s for its ack
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                status, text = await cluster.get(s, "/health")
+                if json.loads(text)["replicas"]["ready"] == 3:
+                    break
+                await asyncio.sleep(0.25)
+            assert json.loads(text)["replicas"] == {"ready": 3, "total": 3}, text
+            before = (await cluster.router(s, "kvserve:router_requests_total"))
+            await asyncio.gather(*(_complete(s, cluster.url, [9, 8, 7, i], 2) for i in range(9)))
             after = await cluster.router(s, "kvserve:router_requests_total")
+            assert sum(v - before.get(k, 0) for k, v in after.items() if k[0] == victim.grpc_url) >= 1
+    _run(body())
+
+
+def test_sigkill_of_a_host_mid_load_hangs_no_client(cluster: Cluster) -> None:
+    async def body() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_BOUND_S)) as s:
+            results, elapsed, retries, victim = await _load_and_fail(
+                cluster, s, 24, 0, lambda h: h.proc.send_signal(signal.SIGKILL))
             status, text = await cluster.get(s, "/health")
             assert status == 200 and json.loads(text)["replicas"] == {"ready": 2, "total": 3}, text
             # one replica left is enough for /health
@@ -200,12 +250,6 @@ def test_sigkill_of_a_host_mid_load_hangs_no_client(cluster: Cluster) -> None:
             assert status == 200 and json.loads(text)["replicas"] == {"ready": 1, "total": 3}, text
             out = await _complete(s, cluster.url, [1, 2, 3], 2)
             assert out["choices"][0]["finish_reason"] == "length"
-        assert not [r for r in results if isinstance(r, BaseException)], results  # no client timed out
-        counts = {k: results.count(k) for k in set(results)}
-        # only requests already streaming from the victim may fail, each with an error event
-        assert set(counts) <= {"ok", "error_event"}, counts
-        assert counts.get("error_event", 0) <= MAX_NUM_SEQS, counts
-        retries = sum(v - before.get(k, 0) for k, v in after.items() if k[1] == "retry")
-        assert retries >= 1  # the victim's queued requests moved and completed elsewhere
-        assert elapsed < CLIENT_BOUND_S
+        _check_outcomes(results, retries)
+        assert elapsed < 30  # a reset connection fails at once; the rest is generation time
     _run(body())
