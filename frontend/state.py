@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -50,8 +51,8 @@ def effective_cache_salt(tenant: str | None, client_salt: str | None) -> str | N
     salt everyone shares one cache, as before."""
     if tenant is None and client_salt is None:
         return None
-    material = f"{tenant or ''}\x00{client_salt or ''}".encode("utf-8")
-    return "t-" + hashlib.sha256(material).hexdigest()
+    material = json.dumps([tenant, client_salt])  # unambiguous: no (tenant, salt) pair can pose as another
+    return "t-" + hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ReadinessCache:

@@ -234,7 +234,8 @@ async def main_async(args: argparse.Namespace) -> int:
         fds_ok, fds_growth = verdict(fds, args.fd_tolerance)
         flat &= rss_ok and fds_ok
         report["processes"][pid] = {
-            "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None, "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
+            "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
+            "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_growth_mib": round(rss_growth / 2**20, 2), "fds_first": fds[0] if fds else None,
             "fds_last": fds[-1] if fds else None, "fds_growth": fds_growth,
             "verdict": "FLAT" if rss_ok and fds_ok else "GROWING"}

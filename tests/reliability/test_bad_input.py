@@ -160,4 +160,5 @@ def test_edge_values_that_are_valid_succeed(main_server: Served) -> None:
     assert [c["finish_reason"] for c in out["choices"]] == ["length", "length"]
     chat = main_server.post(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": ""}], "max_tokens": 2})
     assert chat.status == 200  # an empty message still renders a non-empty conversation
-    assert main_server.complete(model="tiny", prompt="hi", max_tokens=2, timeout=86400)["usage"]["completion_tokens"] == 2
+    out = main_server.complete(model="tiny", prompt="hi", max_tokens=2, timeout=86400)  # the longest timeout
+    assert out["usage"]["completion_tokens"] == 2

@@ -38,8 +38,8 @@ def test_beyond_the_queue_limit_is_a_fast_503(cycle_server: Served) -> None:
             async def rejected(i: int) -> tuple[float, object]:
                 start = time.monotonic()
                 if i % 2:
-                    res: StreamResult = await stream(session, cycle_server, "/v1/chat/completions",
-                                                     {"model": "cycle", "messages": [{"role": "user", "content": "hi"}]})
+                    chat = {"model": "cycle", "messages": [{"role": "user", "content": "hi"}]}
+                    res: StreamResult = await stream(session, cycle_server, "/v1/chat/completions", chat)
                     return time.monotonic() - start, (res.status, res.headers, res.body)
                 async with session.post(cycle_server.url + "/v1/completions", json=LONG) as resp:
                     return time.monotonic() - start, (resp.status, dict(resp.headers), await resp.read())

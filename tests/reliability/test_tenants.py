@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
+from kvserve.frontend.api_keys import KeyFileError, load_api_keys, parse_keys_file
+from kvserve.frontend.state import effective_cache_salt
 from tests.reliability.conftest import MAIN_KEY
 from tests.reliability.served import Served
 
@@ -41,3 +45,18 @@ def test_prefix_cache_is_shared_within_a_tenant_only(main_server: Served) -> Non
     assert cached(main_server, KEY_A, salted, cache_salt="team-2") == 0
     assert cached(main_server, KEY_A, salted) == 0
     assert cached(main_server, KEY_B, salted, cache_salt="team-1") == 0
+
+
+def test_keys_file_and_salt_derivation() -> None:
+    assert parse_keys_file("# key tenant\n\nsk-1 acme\n  sk-2   globex  \nsk-3 acme\n") == \
+        {"sk-1": "acme", "sk-2": "globex", "sk-3": "acme"}
+    for bad in ("sk-lonely\n", "sk-1 acme extra\n", "sk-1 acme\nsk-1 globex\n"):
+        with pytest.raises(KeyFileError) as info:
+            parse_keys_file(bad)
+        assert "sk-" not in str(info.value)  # a key is a secret: never quoted back
+    assert load_api_keys(["k1", "k2", ""], None) == {"k1": "default", "k2": "default"}
+    assert effective_cache_salt(None, None) is None  # no auth, no salt: one shared cache, as before
+    salts = {effective_cache_salt(t, s) for t in ("acme", "globex", None) for s in ("x", None)}
+    assert len(salts - {None}) == 5  # every (tenant, client salt) pair is its own scope
+    assert effective_cache_salt("acme", "x\u0000y") != effective_cache_salt("acme\u0000x", "y")
+    assert effective_cache_salt("acme", "x") not in ("x", "acme")
