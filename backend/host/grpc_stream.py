@@ -23,6 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from .errors import InferError
+from .loop_handoff import handoff_for
 from .pb_utils.errors import TritonError
 from .metrics import HostMetrics
 from .pb_utils.request import new_server_request
@@ -57,6 +58,7 @@ class StreamSession:
         self._requests = request_iterator
         self._context = context
         self._loop = asyncio.get_running_loop()
+        self._handoff = handoff_for(self._loop)
         self._out: asyncio.Queue[object] = asyncio.Queue()
         self._inflight: dict[RequestHandle, _Entry] = {}
         self._ordered: collections.deque[_Slot] = collections.deque()
@@ -131,7 +133,7 @@ class StreamSession:
 
     def _emit(self, handle: RequestHandle, delivery: Delivery) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._on_delivery, handle, delivery)
+            self._handoff.submit(self._on_delivery, handle, delivery)
         except RuntimeError:
             pass  # the loop is gone: the host is shutting down and nobody is listening
 
