@@ -105,6 +105,7 @@ class Scheduler:
             if self.kv.allocate_slots(req, num_new, hits) is None:
                 break
             self.waiting.popleft()
+            self.kv.record_prefix_lookup(req, num_hit_tokens)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit_tokens
             req.num_computed_tokens += num_hit_tokens

@@ -58,10 +58,14 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        if req.num_preemptions == 0:
-            self.prefix_queries += req.num_prompt_tokens
-            self.prefix_hits += min(len(hits) * self.block_size, req.num_prompt_tokens)
         return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, req: Request, num_hit_tokens: int) -> None:
+        """Count a request's prompt once, when it is admitted (not at every admission attempt,
+        and not again after a preemption, whose hits are its own freed blocks)."""
+        if self.enable_caching and req.num_preemptions == 0:
+            self.prefix_queries += req.num_prompt_tokens
+            self.prefix_hits += min(num_hit_tokens, req.num_prompt_tokens)
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:

@@ -93,3 +93,16 @@ def test_abort_while_waiting_is_never_scheduled():
     s.schedule()
     s.finish_request("b", RequestStatus.FINISHED_ABORTED)
     assert "b" not in {x.request_id for _ in range(3) for x in s.schedule().scheduled}
+
+
+def test_prefix_cache_queries_count_each_prompt_once():
+    """A waiting request that fails to fit is looked up again next step, but counted only on admission."""
+    s = _sched(num_blocks=5, block_size=4, budget=100)
+    s.add_request(Request("a", list(range(12)), SamplingParams(max_tokens=8), cache_key=""))
+    s.add_request(Request("b", list(range(40, 52)), SamplingParams(max_tokens=8), cache_key=""))
+    _run(s, s.schedule())  # a takes 3 of 4 blocks; b cannot fit
+    _run(s, s.schedule())
+    assert s.kv.prefix_queries == 12
+    s.finish_request("a", RequestStatus.FINISHED_STOPPED)
+    _run(s, s.schedule())  # now b is admitted
+    assert s.kv.prefix_queries == 24 and s.kv.prefix_hits == 0
