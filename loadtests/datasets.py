@@ -74,8 +74,23 @@ async def _plain_request(builder: PromptBuilder, seed: int, i: int, in_len: int,
     return BenchRequest(i, text, count, int(out_len), exact_len=builder.exact)
 
 
+class _IndependentPrompts:
+    """Datasets whose prompts share nothing: one prompt per (input, output) length pair."""
+
+    __slots__ = ()
+
+    async def sample(self, builder: PromptBuilder) -> list[BenchRequest]:
+        ins, outs = self.lengths()
+        return await _gather_limited(
+            [_plain_request(builder, self.seed, i, ins[i], outs[i]) for i in range(self.num_prompts)]
+        )
+
+    def describe(self) -> dict[str, object]:
+        return asdict(self)
+
+
 @dataclass(slots=True)
-class RandomDataset:
+class RandomDataset(_IndependentPrompts):
     num_prompts: int = 1000
     input_len: int = 1024
     output_len: int = 128
@@ -89,18 +104,10 @@ class RandomDataset:
         outs = uniform_lengths(rng, self.num_prompts, self.output_len, self.range_ratio)
         return ins, outs
 
-    async def sample(self, builder: PromptBuilder) -> list[BenchRequest]:
-        ins, outs = self.lengths()
-        return await _gather_limited(
-            [_plain_request(builder, self.seed, i, ins[i], outs[i]) for i in range(self.num_prompts)]
-        )
-
-    def describe(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass(slots=True)
-class LognormalDataset:
+class LognormalDataset(_IndependentPrompts):
     """Inputs as `random`; outputs long-tailed, the shape real chat traffic has
     and the one that exposes head-of-line blocking in static batching."""
 
@@ -119,14 +126,6 @@ class LognormalDataset:
         outs = lognormal_lengths(rng, self.num_prompts, self.output_median, self.output_max, self.sigma)
         return ins, outs
 
-    async def sample(self, builder: PromptBuilder) -> list[BenchRequest]:
-        ins, outs = self.lengths()
-        return await _gather_limited(
-            [_plain_request(builder, self.seed, i, ins[i], outs[i]) for i in range(self.num_prompts)]
-        )
-
-    def describe(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass(slots=True)
