@@ -206,7 +206,7 @@ class LLMEngine:
         if tok.logprob is not None:
             seq.pending_logprobs.append(TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or []))
         n_out = req.num_output_tokens
-        stop_token = n_out > params.min_tokens - 1 and (
+        stop_token = n_out >= params.min_tokens and (
             tok.token_id in params.stop_token_ids or (not params.ignore_eos and tok.token_id in req.eos_token_ids))
         if stop_token:
             req.stop_reason = tok.token_id if tok.token_id in params.stop_token_ids else None

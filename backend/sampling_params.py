@@ -110,12 +110,7 @@ class SamplingParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown sampling parameter")
-        values = {k: v for k, v in data.items() if v is not None}
-        if "logit_bias" in values and isinstance(values["logit_bias"], dict):
-            try:
-                values["logit_bias"] = {int(k): v for k, v in values["logit_bias"].items()}
-            except (TypeError, ValueError):
-                raise ValueError("logit_bias: keys must be token ids") from None
+        values = {k: v for k, v in data.items() if v is not None}  # JSON keys of logit_bias: see __post_init__
         try:
             return cls(**values)
         except TypeError as exc:

@@ -105,7 +105,6 @@ class RandomDataset(_IndependentPrompts):
         return ins, outs
 
 
-
 @dataclass(slots=True)
 class LognormalDataset(_IndependentPrompts):
     """Inputs as `random`; outputs long-tailed, the shape real chat traffic has
@@ -125,7 +124,6 @@ class LognormalDataset(_IndependentPrompts):
         ins = uniform_lengths(rng, self.num_prompts, self.input_len, self.range_ratio)
         outs = lognormal_lengths(rng, self.num_prompts, self.output_median, self.output_max, self.sigma)
         return ins, outs
-
 
 
 @dataclass(slots=True)
