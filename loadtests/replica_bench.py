@@ -29,17 +29,11 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from kvserve.frontend.host_process import HostAddress, HostProcess, free_port, host_command
-from kvserve.loadtests.bench_args import build_parser as bench_parser
-from kvserve.loadtests.bench_args import make_dataset, validate
-from kvserve.loadtests.bench_cli import prepare
-from kvserve.loadtests.bench_request import BenchRequest
-from kvserve.loadtests.client import EndpointConfig
+from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
-from kvserve.loadtests.metrics import compute_metrics
-from kvserve.loadtests.runner import LoadConfig, run_load
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,25 +86,6 @@ def cluster(model_dir: str, replicas: int, gateway_flags: list[str], engine_env:
             host.stop()
 
 
-async def _bench(url: str, bench_argv: list[str], on_warm: Callable[[], None] = lambda: None) -> dict[str, object]:
-    """One `kvserve bench` run; `on_warm` is called after the warm-up, before the clock starts."""
-    args = bench_parser().parse_args(["--base-url", url, "--disable-tqdm", *bench_argv])
-    validate(args)
-    dataset = make_dataset(args)
-    model, requests, _ = await prepare(args, dataset)
-    endpoint = EndpointConfig(base_url=url, model=model, ignore_eos=True, temperature=0.0)
-    # Lazy initialisation is nobody's steady state; prompts unlike the dataset's, so no cache is warmed.
-    warm_up = [BenchRequest(i, f"warm up {i} " * 4, 0, 8) for i in range(8)]
-    warm = await run_load(warm_up, endpoint, LoadConfig(max_concurrency=8, show_progress=False))
-    if not any(r.success for r in warm.records):  # (a random model may stream only unprintable tokens)
-        raise RuntimeError(f"warm-up failed: {warm.records[0].error}")
-    on_warm()
-    load = LoadConfig(max_concurrency=args.max_concurrency, seed=args.seed, show_progress=False)
-    result = await run_load(requests, endpoint, load)
-    metrics = compute_metrics(result.records, result.duration, max_concurrent=result.max_in_flight)
-    return metrics.to_dict()
-
-
 def run(opts: argparse.Namespace) -> dict[str, object]:
     model_dir = ensure_bench_model(opts.model)
     engine_env = {"KVSERVE_MAX_NUM_SEQS": str(opts.max_num_seqs), "KVSERVE_DTYPE": opts.dtype}
@@ -127,7 +102,7 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
     for n in opts.replicas:
         with cluster(model_dir, n, [], engine_env, opts.startup_timeout) as c:
             t = time.perf_counter()
-            m = asyncio.run(_bench(c.url, random_argv))
+            m = asyncio.run(bench_once(c.url, random_argv))
             row = {"replicas": n, "output_throughput": m["output_throughput"],
                    "request_throughput": m["request_throughput"], "median_ttft_ms": m["median_ttft_ms"],
                    "p99_ttft_ms": m["p99_ttft_ms"], "completed": m["completed"], "failed": m["failed"],
@@ -144,7 +119,7 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
                 before[:] = [c.host_counter("kvserve:prefix_cache_hits_total"),
                              c.host_counter("kvserve:prefix_cache_queries_total")]
 
-            m = asyncio.run(_bench(c.url, shared_argv, snapshot))
+            m = asyncio.run(bench_once(c.url, shared_argv, snapshot))
             hits = c.host_counter("kvserve:prefix_cache_hits_total") - before[0]
             queries = c.host_counter("kvserve:prefix_cache_queries_total") - before[1]
             row = {"replicas": n, "affinity": flag == "--prefix-affinity", "hit_rate": hits / queries if queries else 0.0,
