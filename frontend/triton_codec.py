@@ -11,7 +11,7 @@ import re
 import struct
 from typing import Any
 
-from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.grpc import service_pb2
 
 from kvserve.frontend.protocol import (
     BackendError,
@@ -86,39 +86,87 @@ def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
     """One model response -> one choice's delta; None for an empty (flags-only) response."""
     if not resp.outputs:
         return None
-    result = InferResult(resp)
-    finish = _first_str(result, "finish_reason")
+    result = _ResponseTensors(resp)
+    finish = result.first_str("finish_reason")
     delta = ChoiceDelta(
-        index=_first_int(result, "index"),
-        text=_first_str(result, "text_output"),
-        token_ids=_ints(result, "output_ids"),
+        index=result.first_int("index"),
+        text=result.first_str("text_output"),
+        token_ids=result.ints("output_ids"),
         finish_reason=finish or None,
-        prompt_tokens=_first_int(result, "prompt_tokens"),
-        completion_tokens=_first_int(result, "completion_tokens"),
-        cached_tokens=_first_int(result, "cached_tokens"),
+        prompt_tokens=result.first_int("prompt_tokens"),
+        completion_tokens=result.first_int("completion_tokens"),
+        cached_tokens=result.first_int("cached_tokens"),
     )
-    raw_logprobs = _first_str(result, "logprobs")
+    raw_logprobs = result.first_str("logprobs")
     if raw_logprobs:
         delta.logprobs = parse_logprobs(raw_logprobs)
     return delta
 
 
-def _first_str(result: InferResult, name: str) -> str:
-    arr = result.as_numpy(name)
-    if arr is None or arr.size == 0:
-        return ""
-    value = arr.reshape(-1)[0]
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+# Raw little-endian layouts of the fixed-size types, and where each type's typed `contents` live.
+_STRUCT_CODES = {"BOOL": "?", "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q", "UINT8": "B", "UINT16": "H",
+                 "UINT32": "I", "UINT64": "Q", "FP32": "f", "FP64": "d"}
+_CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+                    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+                    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+                    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 
 
-def _first_int(result: InferResult, name: str) -> int:
-    arr = result.as_numpy(name)
-    return int(arr.reshape(-1)[0]) if arr is not None and arr.size else 0
+class _ResponseTensors:
+    """The named outputs of one response as flat lists, read with `struct` from
+    `raw_output_contents` (what tritonserver and the embedded host send) or from
+    typed `contents` (another KServe server). This runs once per streamed token:
+    tritonclient's InferResult builds a numpy array per lookup, which cost more
+    than the rest of the gateway's per-token work (and fails on typed contents
+    under numpy 2)."""
+
+    __slots__ = ("_resp", "_index")
+
+    def __init__(self, resp: service_pb2.ModelInferResponse) -> None:
+        self._resp = resp
+        self._index = {out.name: i for i, out in enumerate(resp.outputs)}
+
+    def values(self, name: str) -> list[Any]:
+        i = self._index.get(name)
+        if i is None:
+            return []
+        out = self._resp.outputs[i]
+        raw = self._resp.raw_output_contents
+        if len(raw) != len(self._resp.outputs):
+            field = _CONTENTS_FIELDS.get(out.datatype)
+            return list(getattr(out.contents, field)) if field else []
+        data = raw[i]
+        if out.datatype == "BYTES":
+            return _split_bytes(data)
+        code = _STRUCT_CODES.get(out.datatype)
+        if code is None:
+            raise BackendFailed(f"backend output {name!r} has unsupported data type {out.datatype}")
+        return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
+
+    def first_str(self, name: str) -> str:
+        values = self.values(name)
+        if not values:
+            return ""
+        value = values[0]
+        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+    def first_int(self, name: str) -> int:
+        values = self.values(name)
+        return int(values[0]) if values else 0
+
+    def ints(self, name: str) -> list[int]:
+        return [int(v) for v in self.values(name)]
 
 
-def _ints(result: InferResult, name: str) -> list[int]:
-    arr = result.as_numpy(name)
-    return [int(x) for x in arr.reshape(-1)] if arr is not None else []
+def _split_bytes(data: bytes) -> list[bytes]:
+    """KServe raw BYTES: <uint32 LE length><bytes> per element."""
+    items, offset = [], 0
+    while offset + 4 <= len(data):
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        items.append(data[offset:offset + length])
+        offset += length
+    return items
 
 
 def parse_logprobs(raw: str) -> list[TokenLogprob]:

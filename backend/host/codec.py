@@ -104,8 +104,10 @@ def encode_response(
 ) -> pb.ModelInferResponse:
     """Serialise now: like Triton's send, later edits to the arrays are not seen."""
     out = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
-    for key, value in json.loads(response.parameters()).items():
-        _set_parameter(out.parameters[key], value)
+    parameters = response.parameters()
+    if parameters != "{}":  # the usual case, once per streamed token: skip the JSON parse
+        for key, value in json.loads(parameters).items():
+            _set_parameter(out.parameters[key], value)
     for tensor in response.output_tensors():
         if requested_outputs is not None and tensor.name() not in requested_outputs:
             continue

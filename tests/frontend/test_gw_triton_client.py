@@ -60,6 +60,26 @@ def test_parse_response() -> None:
     assert parse_response(service_pb2.ModelInferResponse()) is None
 
 
+def test_parse_response_typed_contents_and_other_int_types() -> None:
+    """A KServe server may send typed `contents` instead of raw bytes, and INT64
+    where we send INT32; a missing optional output reads as empty/zero."""
+    resp = service_pb2.ModelInferResponse(model_name="llm", id="r")
+    for name, dtype, field, values in [("text_output", "BYTES", "bytes_contents", ["hé".encode()]),
+                                       ("output_ids", "INT64", "int64_contents", [7, 8]),
+                                       ("finish_reason", "BYTES", "bytes_contents", [b"stop"]),
+                                       ("index", "INT32", "int_contents", [2])]:
+        out = resp.outputs.add(name=name, datatype=dtype)
+        out.shape.append(len(values))
+        getattr(out.contents, field).extend(values)
+    delta = parse_response(resp)
+    assert (delta.index, delta.text, delta.token_ids, delta.finish_reason) == (2, "hé", [7, 8], "stop")
+    assert (delta.prompt_tokens, delta.completion_tokens, delta.cached_tokens, delta.logprobs) == (0, 0, 0, None)
+    raw = make_response("r", "x", [])
+    raw.outputs[1].datatype = "INT64"
+    raw.raw_output_contents[1] = struct.pack("<2q", 2**40, -1)
+    assert parse_response(raw).token_ids == [2**40, -1]
+
+
 def test_classify_engine_errors() -> None:
     e = classify_error("max_tokens: must be an integer >= 1, got 0")
     assert isinstance(e, BackendRejected) and e.field == "max_tokens"

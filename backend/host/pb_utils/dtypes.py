@@ -68,6 +68,11 @@ def triton_to_numpy_type(data_type: int) -> Any:
     return WIRE_TO_NUMPY.get(wire) if wire is not None else None
 
 
+# Keyed by numpy dtype (native byte order, as np.dtype(type) gives): every
+# response tensor is looked up here, twice, so no scan of _TABLE per call.
+_DTYPE_TO_ENUM: dict[np.dtype, int] = {np.dtype(n): e for _, _, e, n in _TABLE if n is not None and n is not np.object_}
+
+
 def numpy_to_triton_type(data_type: Any) -> int | None:
     """numpy dtype or type -> C enum; bytes and object both mean BYTES."""
     try:
@@ -76,10 +81,7 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
         return None
     if dt.kind in ("O", "S"):
         return TRITONSERVER_TYPE_BYTES
-    for _, _, enum, npt in _TABLE:
-        if npt is not None and npt is not np.object_ and dt == np.dtype(npt):
-            return enum
-    return None
+    return _DTYPE_TO_ENUM.get(dt)
 
 
 def wire_dtype_of(array: np.ndarray) -> str:
