@@ -36,6 +36,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int | None = None
     enable_prefix_caching: bool = True
+    # Streamed responses carry up to this many new tokens each (vLLM's --stream-interval):
+    # 1 sends every token at once; more means fewer responses for the serving path to carry.
+    # A choice's first token and its last are never held back.
+    stream_interval: int = 1
     attention_backend: str = "auto"
     seed: int = 0
     num_threads: int | None = None
@@ -60,6 +64,7 @@ class EngineConfig:
             raise ValueError(f"block_size: must be a power of two in [1, 128], got {self.block_size}")
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("stream_interval", self.stream_interval)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
 from kvserve.backend.config import EngineConfig, env_overrides
-from kvserve.backend.outputs import RequestOutput
+from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
 
@@ -36,6 +36,8 @@ class _Live:
     want_logprobs: bool
     totals: dict[int, ChoiceTotals] = field(default_factory=dict)
     log: RequestLog | None = None  # its request-scoped log lines
+    held: dict[int, CompletionOutput] = field(default_factory=dict)  # streamed tokens waiting for stream_interval
+    started: set[int] = field(default_factory=set)  # choices whose first response went out
 
 
 def engine_config_from_triton(model_config: dict) -> EngineConfig:
@@ -166,9 +168,8 @@ class TritonLLMModel:
                 self._send_error(live.sender, out.error, codes.get(out.error_kind, self.pb.TritonError.INTERNAL))
                 return
             responses = []
-            for choice in out.outputs:
+            for choice in self._due_choices(live, out):
                 totals = live.totals.setdefault(choice.index, ChoiceTotals())
-                totals.completion_tokens += len(choice.token_ids)
                 if not live.stream:
                     totals.text.append(choice.text)
                     totals.token_ids.extend(choice.token_ids)
@@ -197,6 +198,29 @@ class TritonLLMModel:
                 if live.log is not None:
                     live.log.finished(out)
 
+    def _due_choices(self, live: _Live, out: RequestOutput) -> list[CompletionOutput]:
+        """The choices of `out` to send now, counting their tokens. Streamed tokens
+        wait until stream_interval of them are due, merged into one delta; a
+        choice's first response (time to first token) and its last never wait."""
+        due = []
+        for choice in out.outputs:
+            live.totals.setdefault(choice.index, ChoiceTotals()).completion_tokens += len(choice.token_ids)
+            if not live.stream:
+                due.append(choice)
+                continue
+            held = live.held.pop(choice.index, None)
+            if held is not None:
+                choice = _merge(held, choice)
+            if (self.config.stream_interval > 1 and choice.index in live.started
+                    and choice.finish_reason is None and len(choice.token_ids) < self.config.stream_interval):
+                live.held[choice.index] = choice
+                continue
+            live.started.add(choice.index)
+            due.append(choice)
+        if out.finished:  # e.g. an abort: nothing may stay behind the final response
+            due.extend(live.held.pop(index) for index in sorted(live.held))
+        return due
+
     def _send_error(self, sender, message: str, code) -> None:
         try:
             error = self.pb.TritonError(message, code)
@@ -204,3 +228,13 @@ class TritonLLMModel:
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:
             log.error("sending an error response failed (%s)", type(exc).__name__)
+
+
+def _merge(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput:
+    """One delta carrying `first` followed by `then` (same choice)."""
+    logprobs = None
+    if first.logprobs is not None or then.logprobs is not None:
+        logprobs = [*(first.logprobs or []), *(then.logprobs or [])]
+    return CompletionOutput(index=then.index, text=first.text + then.text,
+                            token_ids=[*first.token_ids, *then.token_ids], finish_reason=then.finish_reason,
+                            stop_reason=then.stop_reason, logprobs=logprobs)

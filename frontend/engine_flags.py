@@ -81,6 +81,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--kv-cache-memory", "KV cache size in bytes (8GiB, 512MiB, ...); skips memory profiling", parse_bytes),
     EngineFlag("--num-kv-blocks", "KV cache size in blocks (overrides --kv-cache-memory)", positive_int),
     EngineFlag("--kv-cache-dtype", "KV cache dtype", choices=("auto", "float32", "float16", "bfloat16")),
+    EngineFlag("--stream-interval", "new tokens per streamed response (first and last never wait); "
+               "more means less serving work per token under load", positive_int),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),

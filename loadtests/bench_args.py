@@ -87,6 +87,8 @@ def add_compare_flags(p: argparse.ArgumentParser) -> None:
     cmp.add_argument("--device", default="auto", help="transformers and in-process kvserve: auto, cpu, cuda, ...")
     cmp.add_argument("--max-num-seqs", type=int, default=None, help="kvserve engine flag for (c) and (d)")
     cmp.add_argument("--max-num-batched-tokens", type=int, default=None, help="kvserve engine flag for (c) and (d)")
+    cmp.add_argument("--stream-interval", type=int, default=None,
+                     help="kvserve serve flag for the server (d) starts: new tokens per streamed response")
     cmp.add_argument("--server-startup-timeout", type=float, default=600.0,
                      help="seconds to wait for the kvserve serve that (d) starts")
 

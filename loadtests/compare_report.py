@@ -41,6 +41,8 @@ def _label(run: BaselineRun, request_rate: float) -> str:
     text = {"a": "(a) hf-serial, one at a time", "b": f"(b) hf-static, B={run.extra.get('batch_size')}",
             "c": "(c) kvserve-offline, LLM.generate",
             "d": f"(d) kvserve-serve, HTTP, rate {request_rate:g}"}[run.key]
+    if run.key == "d" and run.extra.get("stream_interval", 1) != 1:
+        text += f", interval {run.extra['stream_interval']}"
     if run.extrapolated:
         text += " [est.*]"
     return text

@@ -30,6 +30,7 @@ class CompareOptions:
     naive_max_requests: int = 16  # <= 0: measure every request
     max_num_seqs: int | None = None  # kvserve engine flags for (c) and (d); None: engine default
     max_num_batched_tokens: int | None = None
+    stream_interval: int | None = None  # (d) only: `kvserve serve --stream-interval`; None: the default (1)
     base_url: str | None = None  # (d) against this server instead of starting one
     api_key: str | None = None
     load: LoadConfig = field(default_factory=LoadConfig)
@@ -52,6 +53,8 @@ class CompareOptions:
             flags += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.max_num_batched_tokens is not None:
             flags += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.stream_interval is not None:
+            flags += ["--stream-interval", str(self.stream_interval)]
         return flags
 
 
@@ -119,7 +122,9 @@ def _served(requests: Sequence[CompareRequest], opts: CompareOptions) -> Baselin
     with ServeProcess(opts.model_dir, opts.serve_flags(), opts.startup_timeout_s) as server:
         _say(opts, f"server ready at {server.base_url} after {time.perf_counter() - t:.1f}s; "
                    f"{len(requests)} requests at rate {rate}")
-        return _timed(opts, run_served, server.base_url, opts.api_key, requests, opts.load, True)
+        run = _timed(opts, run_served, server.base_url, opts.api_key, requests, opts.load, True)
+        run.extra["stream_interval"] = opts.stream_interval or 1
+        return run
 
 
 def ratios(outputs: dict[str, float]) -> dict[str, float]:
