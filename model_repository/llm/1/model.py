@@ -4,9 +4,20 @@ Runs unchanged in NVIDIA's tritonserver (with kvserve installed in its Python)
 and in kvserve's embedded host: it uses only `triton_python_backend_utils` and
 hands everything to `kvserve.backend.triton_model`.
 """
-import triton_python_backend_utils as pb_utils
+import os
 
-from kvserve.backend.triton_model import TritonLLMModel
+# Before torch loads libgomp: OpenMP workers spin for GOMP_SPINCOUNT iterations
+# between parallel regions before they sleep. libgomp's default (300,000) keeps
+# them spinning through the Python parts of every engine step, on cores the
+# serving path (responses, gRPC, often the gateway) needs; 10,000 still spans
+# the gaps between the ops of a forward pass. Served throughput on 2 CPU cores:
+# 19 s vs 21.4 s per benchmark run (BENCHMARKS.md). The user's setting wins.
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from kvserve.backend.triton_model import TritonLLMModel  # noqa: E402
 
 
 class TritonPythonModel:
