@@ -23,6 +23,7 @@ from kvserve.backend.config import EngineConfig, env_overrides
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
+from kvserve.observability.thread_names import name_this_thread
 
 log = logging.getLogger("kvserve.backend")
 _POLL_S = 0.01
@@ -132,6 +133,7 @@ class TritonLLMModel:
 
     # ---- response thread ----------------------------------------------------------------------
     def _respond_loop(self) -> None:
+        name_this_thread("kvserve-respond")
         while not self._stop.is_set():
             # Send everything one engine step produced, then poll cancellations once per batch
             # (not once per response: that would be quadratic in the number of live requests).

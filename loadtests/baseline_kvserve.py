@@ -136,6 +136,13 @@ class ServeProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def pid(self) -> int:
+        """The gateway's process id (the engine host is its child)."""
+        if self._proc is None:
+            raise RuntimeError("the server is not running")
+        return self._proc.pid
+
     def tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -36,6 +36,8 @@ def validate_compare(args: argparse.Namespace) -> None:
         raise ValueError(f"--static-batch-size must be >= 1, got {args.static_batch_size}")
     if args.naive_max_requests < 0:
         raise ValueError(f"--naive-max-requests must be >= 0 (0: all), got {args.naive_max_requests}")
+    if args.compare_repeat < 1:
+        raise ValueError(f"--compare-repeat must be >= 1, got {args.compare_repeat}")
     if args.stream_interval is not None and args.stream_interval < 1:
         raise ValueError(f"--stream-interval must be >= 1, got {args.stream_interval}")
 
@@ -56,6 +58,7 @@ def options_from_args(args: argparse.Namespace, model_dir: str) -> CompareOption
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         stream_interval=args.stream_interval,
+        repeat=args.compare_repeat,
         base_url=args.base_url,
         api_key=args.api_key,
         load=LoadConfig(args.request_rate, args.burstiness, args.max_concurrency, args.seed,

@@ -14,7 +14,7 @@ accident (the shared-prefix dataset shares one on purpose).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.datasets import Dataset, LognormalDataset, RandomDataset, SharedPrefixDataset, rng_for
 
 # Generator streams of our own, well away from those datasets.py uses for text.
-_IDS, _PREFIX_IDS, _QUESTION_IDS, _SHUFFLE = 100, 101, 102, 103
+_IDS, _PREFIX_IDS, _QUESTION_IDS, _SHUFFLE, _RELABEL = 100, 101, 102, 103, 104
 
 
 @dataclass(slots=True)
@@ -69,6 +69,18 @@ def token_prompts(dataset: Dataset, vocab_size: int) -> list[CompareRequest]:
             out.append(CompareRequest(slot, prefixes[p] + question, ds.output_len, prefix_id=p))
         return out
     raise ValueError(f"--compare does not know dataset {getattr(dataset, 'name', dataset)!r}")
+
+
+def relabel(requests: list[CompareRequest], round_index: int, vocab_size: int) -> list[CompareRequest]:
+    """The same workload with other token ids: every id mapped through one random
+    permutation of [0, vocab_size) per round (round 0: unchanged). Lengths, output
+    lengths and which prompts share a prefix stay as they were; no full KV block
+    of one round matches another's, so a prefix cache kept from an earlier round
+    cannot make a later one faster."""
+    if round_index == 0:
+        return list(requests)
+    perm = rng_for(round_index, _RELABEL).permutation(vocab_size)
+    return [replace(r, prompt_ids=[int(perm[t]) for t in r.prompt_ids]) for r in requests]
 
 
 def describe_prompts(requests: list[CompareRequest]) -> dict[str, object]:

@@ -115,3 +115,22 @@ def test_serial_extrapolation_recovers_the_service_model():
     assert [r.output_tokens for r in records] == [r.output_len for r in reqs]
     assert subset_indices(64, 16)[:3] == [0, 4, 8] and len(subset_indices(64, 16)) == 16
     assert subset_indices(5, 0) == subset_indices(5, 9) == [0, 1, 2, 3, 4]
+
+
+def test_relabel_keeps_the_workload_shape_and_shares_no_block_across_rounds():
+    from kvserve.loadtests.compare_prompts import relabel, token_prompts
+    from kvserve.loadtests.datasets import SharedPrefixDataset
+
+    ds = SharedPrefixDataset(num_prefixes=2, questions_per_prefix=3, prefix_len=32, question_len=8, output_len=4)
+    base = token_prompts(ds, 500)
+    assert relabel(base, 0, 500) == base
+    rounds = [relabel(base, i, 500) for i in (1, 2)]
+    for other in rounds:
+        assert [(r.prompt_len, r.output_len, r.prefix_id) for r in other] == \
+            [(r.prompt_len, r.output_len, r.prefix_id) for r in base]
+        same_prefix = [r for r in other if r.prefix_id == 0]
+        assert all(r.prompt_ids[:32] == same_prefix[0].prompt_ids[:32] for r in same_prefix)
+        assert all(0 <= t < 500 for r in other for t in r.prompt_ids)
+    blocks = [{tuple(r.prompt_ids[k:k + 16]) for r in rs for k in range(0, r.prompt_len - 15, 16)}
+              for rs in (base, *rounds)]
+    assert not (blocks[0] & blocks[1]) and not (blocks[0] & blocks[2]) and not (blocks[1] & blocks[2])

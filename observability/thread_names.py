@@ -1,0 +1,28 @@
+"""OS-level names for kvserve's threads, so `top -H`, `ps -L` and
+/proc/<pid>/task/<tid>/comm show "kvserve-engine" instead of "python3".
+
+Python (before 3.14) keeps `threading.Thread.name` to itself. Linux truncates a
+thread name to 15 bytes. Threads started later by a named thread (torch's
+OpenMP workers, for one) inherit its name, so the engine's compute threads
+show up as the engine's. Elsewhere than Linux this does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+_PR_SET_NAME = 15
+_libc = None
+
+
+def name_this_thread(name: str) -> None:
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode("utf-8", "replace")[:15]), 0, 0, 0)
+    except (OSError, AttributeError):  # no libc or no prctl: names are a convenience only
+        pass
