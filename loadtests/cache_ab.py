@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import urllib.request
 from contextlib import ExitStack
-from pathlib import Path
 
 from kvserve.loadtests.baseline_kvserve import ServeProcess
 from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
+from kvserve.loadtests.report import write_json
 
 ARMS = {"on": [], "off": ["--no-enable-prefix-caching"]}
 
@@ -113,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     doc = run(opts)
     if opts.json_path:
-        Path(opts.json_path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        print(f"wrote {opts.json_path}")
+        print(f"wrote {write_json(doc, opts.json_path)}")
     return 0
 
 

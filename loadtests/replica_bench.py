@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Iterator
 from kvserve.frontend.host_process import HostAddress, HostProcess, free_port, host_command
 from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
+from kvserve.loadtests.report import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     doc = run(opts)
     if opts.json_path:
-        Path(opts.json_path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        print(f"wrote {opts.json_path}")
+        print(f"wrote {write_json(doc, opts.json_path)}")
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from kvserve.loadtests.baseline_kvserve import ServeProcess
 from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
+from kvserve.loadtests.report import write_json
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -150,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(opts)
     print(format_rows(doc))
     if opts.json_path:
-        Path(opts.json_path).write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {opts.json_path}")
+        print(f"wrote {write_json(doc, opts.json_path)}")
     return 0
 
 

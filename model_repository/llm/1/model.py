@@ -9,11 +9,11 @@ import os
 # Before torch loads libgomp: OpenMP workers spin for GOMP_SPINCOUNT iterations
 # between parallel regions before they sleep. libgomp's default (300,000) keeps
 # them spinning through the Python parts of every engine step, on cores the
-# serving path (responses, gRPC, often the gateway) needs; 10,000 still spans
-# the gaps between the ops of a forward pass. Served throughput on 2 CPU cores:
-# 19 s vs 21.4 s per benchmark run (BENCHMARKS.md). The user's setting wins.
+# serving path (responses, gRPC, often the gateway) needs; far less (3,000) puts
+# them to sleep between the ops of one forward pass. 30,000 served best on 2 CPU
+# cores (BENCHMARKS.md, section 2). The user's own setting wins.
 if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "10000"
+    os.environ["GOMP_SPINCOUNT"] = "30000"
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
