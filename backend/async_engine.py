@@ -81,7 +81,7 @@ class AsyncEngine:
         # makes libgomp count more OpenMP threads than cores, and then it stops
         # spinning between parallel regions: every region puts its workers to
         # sleep and wakes them again (measured: ~30k sleeps per 20 s of serving,
-        # and steps ~25 % slower than the same engine on one thread).
+        # and steps ~30 % slower than the same engine on one thread).
         name_this_thread("kvserve-engine")
         try:
             self.engine = LLMEngine(self.config)

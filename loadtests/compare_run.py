@@ -4,7 +4,8 @@ Order: (a) and (b) share one transformers model, then it is freed; (c) builds
 kvserve's `LLM` and frees it; (d) starts the server last, so no baseline runs
 while another one's model still loads or holds memory. Each baseline warms up
 with a tiny request before its clock starts (lazy initialisation is nobody's
-steady state).
+steady state). With `repeat` > 1, (c) and (d) instead run in alternating pairs
+with the engine and the server both up (see _alternating_pairs).
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class CompareOptions:
     naive_max_requests: int = 16  # <= 0: measure every request
     max_num_seqs: int | None = None  # kvserve engine flags for (c) and (d); None: engine default
     max_num_batched_tokens: int | None = None
-    stream_interval: int | None = None
-    repeat: int = 1  # (c) and (d) this many times each, alternating (see _alternating_pairs)  # (d) only: `kvserve serve --stream-interval`; None: the default (1)
+    stream_interval: int | None = None  # (d) only: `kvserve serve --stream-interval`; None: the default (1)
+    repeat: int = 1  # (c) and (d) this many times each, alternating (see _alternating_pairs)
     base_url: str | None = None  # (d) against this server instead of starting one
     api_key: str | None = None
     load: LoadConfig = field(default_factory=LoadConfig)
