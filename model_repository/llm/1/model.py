@@ -10,10 +10,10 @@ import os
 # between parallel regions before they sleep. libgomp's default (300,000) keeps
 # them spinning through the Python parts of every engine step, on cores the
 # serving path (responses, gRPC, often the gateway) needs; far less (3,000) puts
-# them to sleep between the ops of one forward pass. 30,000 served best on 2 CPU
-# cores (BENCHMARKS.md, section 2). The user's own setting wins.
+# them to sleep between the ops of one forward pass (BENCHMARKS.md, section 2).
+# The user's own setting wins; replicas sharing cores want 100 (README).
 if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "30000"
+    os.environ["GOMP_SPINCOUNT"] = "10000"
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
