@@ -171,7 +171,7 @@ class TritonLLMModel:
                 return
             responses = []
             for choice in self._due_choices(live, out):
-                totals = live.totals.setdefault(choice.index, ChoiceTotals())
+                totals = live.totals[choice.index]  # _due_choices counted its tokens there
                 if not live.stream:
                     totals.text.append(choice.text)
                     totals.token_ids.extend(choice.token_ids)

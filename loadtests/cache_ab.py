@@ -21,27 +21,24 @@ import argparse
 import asyncio
 import statistics
 import sys
-import urllib.request
 from contextlib import ExitStack
 
 from kvserve.loadtests.baseline_kvserve import ServeProcess
 from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
 from kvserve.loadtests.report import write_json
+from kvserve.loadtests.server_api import metric_sums
 
 ARMS = {"on": [], "off": ["--no-enable-prefix-caching"]}
 
 
-def counter(base_url: str, name: str) -> float:
-    """Sum of a counter over its label sets, from the gateway's /metrics (which includes its backends')."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
-        lines = resp.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+_HITS, _QUERIES = "kvserve:prefix_cache_hits_total", "kvserve:prefix_cache_queries_total"
 
 
 def _cache_counters(base_url: str) -> tuple[float, float]:
-    return (counter(base_url, "kvserve:prefix_cache_hits_total"),
-            counter(base_url, "kvserve:prefix_cache_queries_total"))
+    """From the gateway's /metrics, which includes its backends'."""
+    sums = metric_sums(f"{base_url}/metrics", (_HITS, _QUERIES))
+    return sums.get(_HITS, 0.0), sums.get(_QUERIES, 0.0)
 
 
 def measure(base_url: str, bench_argv: list[str]) -> dict[str, float]:

@@ -81,10 +81,10 @@ def format_compare(runs: Sequence[BaselineRun], header: Sequence[str], percentil
                      f"requests ({100 * float(a['prefix_token_match']):.1f}% of tokens before any divergence)")
     repeats = by_key["d"].extra.get("repeats") if "d" in by_key else None
     if repeats:
-        pairs = " ".join(f"{float(r['d_over_c']):.2f}" for r in repeats)  # type: ignore[index,union-attr]
-        median = sorted(float(r["d_over_c"]) for r in repeats)  # type: ignore[index,union-attr]
-        lines.append(f"(d)/(c) in {len(repeats)} alternating pairs: {pairs}; median "  # type: ignore[arg-type]
-                     f"{statistics.median(median):.2f}x (the rows above are pair {by_key['d'].extra['repeats_shown_pair']})")
+        pair_ratios = [float(r["d_over_c"]) for r in repeats]  # type: ignore[index,union-attr]
+        lines.append(f"(d)/(c) in {len(pair_ratios)} alternating pairs: "
+                     f"{' '.join(f'{x:.2f}' for x in pair_ratios)}; median {statistics.median(pair_ratios):.2f}x "
+                     f"(the rows above are pair {by_key['d'].extra['repeats_shown_pair']})")
     for run in runs:
         if run.extrapolated:
             err = float(run.extra.get("fit_duration_error", 0.0))

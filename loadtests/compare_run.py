@@ -147,13 +147,14 @@ def _alternating_pairs(requests: Sequence[CompareRequest], opts: CompareOptions)
         url = opts.base_url.rstrip("/") if opts.base_url else ""
         if not url:
             url = stack.enter_context(ServeProcess(opts.model_dir, opts.serve_flags(), opts.startup_timeout_s)).base_url
+        vocab_size = prompt_vocab_size(opts.model_dir)
         pairs: list[dict[str, BaselineRun]] = []
         for i in range(opts.repeat):
             order = ("c", "d") if i % 2 == 0 else ("d", "c")
             _say(opts, f"pair {i + 1}/{opts.repeat}: {order[0]} then {order[1]}")
             # Both engines keep their prefix caches between pairs: each pair gets the same
             # workload under new token ids, so neither one finds an earlier pair's prompts.
-            prompts = relabel(list(requests), i, prompt_vocab_size(opts.model_dir))
+            prompts = relabel(list(requests), i, vocab_size)
             pair = {}
             for key in order:
                 pair[key] = _timed(opts, run_offline, llm, prompts) if key == "c" else \
@@ -167,7 +168,8 @@ def _alternating_pairs(requests: Sequence[CompareRequest], opts: CompareOptions)
     c, d = pairs[median]["c"], pairs[median]["d"]
     # Greedy agreement with (a) and (b) needs the dataset's own prompts: pair 1 ran them.
     c.token_ids = pairs[0]["c"].token_ids
-    d.extra["stream_interval"] = opts.stream_interval or 1
+    if not opts.base_url:  # the server we started; a user's server keeps its own setting
+        d.extra["stream_interval"] = opts.stream_interval or 1
     d.extra["repeats"] = [{"pair": i + 1, "first": "c" if i % 2 == 0 else "d",
                            "c_duration_s": p["c"].duration, "d_duration_s": p["d"].duration,
                            "c_output_throughput": tput[i]["c"], "d_output_throughput": tput[i]["d"],

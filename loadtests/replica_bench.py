@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from kvserve.frontend.host_process import HostAddress, HostProcess, free_port, h
 from kvserve.loadtests.bench_once import bench_once
 from kvserve.loadtests.compare_model import ensure_bench_model
 from kvserve.loadtests.report import write_json
+from kvserve.loadtests.server_api import metric_sums
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,13 +44,7 @@ class Cluster:
     hosts: list[HostAddress]
 
     def host_counter(self, name: str) -> float:
-        total = 0.0
-        for host in self.hosts:
-            with urllib.request.urlopen(f"http://{host.metrics}/metrics", timeout=10) as resp:
-                for line in resp.read().decode().splitlines():
-                    if line.startswith((name + "{", name + " ")):
-                        total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(metric_sums(f"http://{host.metrics}/metrics", [name]).get(name, 0.0) for host in self.hosts)
 
 
 @contextmanager

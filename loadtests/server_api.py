@@ -1,9 +1,12 @@
 """The small, non-streaming parts of the server's API the benchmark relies on:
-model discovery (GET /v1/models) and token counting (POST /tokenize, the route
-vLLM-compatible servers expose at the root, not under /v1)."""
+model discovery (GET /v1/models), token counting (POST /tokenize, the route
+vLLM-compatible servers expose at the root, not under /v1) and Prometheus
+metrics (GET /metrics)."""
 from __future__ import annotations
 
+import urllib.request
 from dataclasses import dataclass
+from typing import Iterable
 
 import aiohttp
 
@@ -67,3 +70,17 @@ async def probe_tokenize(
     if not isinstance(body, dict) or not ("count" in body or "tokens" in body):
         return None
     return counter
+
+
+def metric_sums(metrics_url: str, names: Iterable[str]) -> dict[str, float]:
+    """Each named counter or gauge summed over its label sets, from one scrape of a
+    Prometheus text page; names the page does not have are left out."""
+    wanted = tuple(names)
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    out: dict[str, float] = {}
+    for line in lines:
+        for name in wanted:
+            if line.startswith((name + "{", name + " ")):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out

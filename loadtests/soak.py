@@ -41,6 +41,8 @@ except ImportError:  # /proc fallback
 
 import aiohttp
 
+from kvserve.loadtests.server_api import metric_sums
+
 PROMPTS = ["Once upon a time", "The history of the city begins", "Write a short poem about the sea",
            "Explain how a paged KV cache works", "List three facts about the moon"]
 
@@ -195,14 +197,7 @@ def verdict(series: list[float], tolerance: float) -> tuple[bool, float]:
 
 def engine_gauges(url: str) -> dict[str, float]:
     wanted = ("kvserve:num_requests_running", "kvserve:num_requests_waiting", "kvserve:kv_cache_usage_perc")
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        for name in wanted:
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    return metric_sums(url.rstrip("/") + "/metrics", wanted)
 
 
 async def main_async(args: argparse.Namespace) -> int:

@@ -41,6 +41,9 @@ class ThreadStats:
     def minus(self, other: "ThreadStats") -> "ThreadStats":
         return ThreadStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
+    def plus(self, other: "ThreadStats") -> "ThreadStats":
+        return ThreadStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
 
 def _read_thread(task: Path) -> tuple[str, ThreadStats]:
     name = (task / "comm").read_text().strip()
@@ -81,10 +84,7 @@ def by_thread_name(before: dict[int, tuple[str, ThreadStats]],
     """Threads grouped by OS name (unnamed ones are the process's own name)."""
     total: dict[str, ThreadStats] = defaultdict(ThreadStats)
     for tid, (name, stats) in after.items():
-        delta = stats.minus(before[tid][1]) if tid in before else stats
-        t = total[name]
-        for f in fields(ThreadStats):
-            setattr(t, f.name, getattr(t, f.name) + getattr(delta, f.name))
+        total[name] = total[name].plus(stats.minus(before[tid][1]) if tid in before else stats)
     return dict(total)
 
 
