@@ -18,6 +18,8 @@ SSE_HEADERS = {
     "X-Accel-Buffering": "no",
 }
 DONE = "[DONE]"
+# Built once: json.dumps with any non-default option builds a new encoder per call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def encode_event(data: str) -> bytes:
@@ -25,7 +27,10 @@ def encode_event(data: str) -> bytes:
 
 
 def encode_json(payload: dict[str, Any]) -> bytes:
-    return encode_event(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    # One frame per streamed token. JSON text never holds a raw CR or LF (the
+    # encoder escapes them in strings), and those are SSE's only line breaks, so
+    # the payload is one `data:` line and needs none of the general framing.
+    return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
 
 
 class SseWriter:

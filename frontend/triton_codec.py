@@ -118,29 +118,36 @@ class _ResponseTensors:
     typed `contents` (another KServe server). This runs once per streamed token:
     tritonclient's InferResult builds a numpy array per lookup, which cost more
     than the rest of the gateway's per-token work (and fails on typed contents
-    under numpy 2)."""
+    under numpy 2). The outputs are walked once, here: each access to a
+    protobuf field builds a wrapper object, and seven lookups by name cost
+    more than the unpacking."""
 
-    __slots__ = ("_resp", "_index")
+    __slots__ = ("_raw", "_typed")
 
     def __init__(self, resp: service_pb2.ModelInferResponse) -> None:
-        self._resp = resp
-        self._index = {out.name: i for i, out in enumerate(resp.outputs)}
+        outputs = resp.outputs
+        raw = resp.raw_output_contents
+        self._raw: dict[str, tuple[str, bytes]] = {}
+        self._typed: dict[str, Any] = {}
+        if len(raw) == len(outputs):
+            self._raw = {out.name: (out.datatype, data) for out, data in zip(outputs, raw)}
+        else:
+            self._typed = {out.name: out for out in outputs}
 
     def values(self, name: str) -> list[Any]:
-        i = self._index.get(name)
-        if i is None:
-            return []
-        out = self._resp.outputs[i]
-        raw = self._resp.raw_output_contents
-        if len(raw) != len(self._resp.outputs):
+        found = self._raw.get(name)
+        if found is None:
+            out = self._typed.get(name)
+            if out is None:
+                return []
             field = _CONTENTS_FIELDS.get(out.datatype)
             return list(getattr(out.contents, field)) if field else []
-        data = raw[i]
-        if out.datatype == "BYTES":
+        datatype, data = found
+        if datatype == "BYTES":
             return _split_bytes(data)
-        code = _STRUCT_CODES.get(out.datatype)
+        code = _STRUCT_CODES.get(datatype)
         if code is None:
-            raise BackendFailed(f"backend output {name!r} has unsupported data type {out.datatype}")
+            raise BackendFailed(f"backend output {name!r} has unsupported data type {datatype}")
         return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
 
     def first_str(self, name: str) -> str:

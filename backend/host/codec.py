@@ -98,28 +98,53 @@ def _set_parameter(param: pb.InferParameter, value: Any) -> None:
         param.string_param = str(value)
 
 
+# A streamed request sends the same output tensors with the same shapes for every
+# token. Building each output's name/datatype/shape in protobuf costs ~1.7 us per
+# tensor; copying a cached message that already has them costs ~0.3 us.
+_HEADER_CACHE: dict[tuple[Any, ...], pb.ModelInferResponse] = {}
+_HEADER_CACHE_MAX = 512
+
+
+def _response_header(key: tuple[Any, ...]) -> pb.ModelInferResponse:
+    """A response with model name/version and the output specs of `key`, no data."""
+    header = _HEADER_CACHE.get(key)
+    if header is None:
+        model_name, model_version, specs = key
+        header = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
+        for name, datatype, shape in specs:
+            header.outputs.add(name=name, datatype=datatype, shape=shape)
+        if len(_HEADER_CACHE) >= _HEADER_CACHE_MAX:  # many distinct shapes: start over rather than grow
+            _HEADER_CACHE.clear()
+        _HEADER_CACHE[key] = header
+    return header
+
+
 def encode_response(
     response: InferenceResponse, *, model_name: str, model_version: str, request_id: str,
     requested_outputs: frozenset[str] | None,
 ) -> pb.ModelInferResponse:
     """Serialise now: like Triton's send, later edits to the arrays are not seen."""
-    out = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id)
+    specs, payloads = [], []
+    for tensor in response.output_tensors():
+        name = tensor.name()
+        if requested_outputs is not None and name not in requested_outputs:
+            continue
+        array = tensor.as_numpy()
+        dtype = wire_dtype_of(array)
+        specs.append((name, dtype, array.shape))
+        if dtype == "BYTES":
+            data = serialize_byte_tensor(array)
+            payloads.append(data if isinstance(data, bytes) else b"")
+        else:
+            payloads.append(array.tobytes(order="C"))
+    out = pb.ModelInferResponse()
+    out.CopyFrom(_response_header((model_name, model_version, tuple(specs))))
+    out.id = request_id
+    out.raw_output_contents.extend(payloads)
     parameters = response.parameters()
     if parameters != "{}":  # the usual case, once per streamed token: skip the JSON parse
         for key, value in json.loads(parameters).items():
             _set_parameter(out.parameters[key], value)
-    for tensor in response.output_tensors():
-        if requested_outputs is not None and tensor.name() not in requested_outputs:
-            continue
-        array = tensor.as_numpy()
-        dtype = wire_dtype_of(array)
-        spec = out.outputs.add(name=tensor.name(), datatype=dtype)
-        spec.shape.extend(int(d) for d in array.shape)
-        if dtype == "BYTES":
-            data = serialize_byte_tensor(array)
-            out.raw_output_contents.append(data if isinstance(data, bytes) else b"")
-        else:
-            out.raw_output_contents.append(array.tobytes(order="C"))
     return out
 
 

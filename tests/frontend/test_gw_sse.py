@@ -15,6 +15,17 @@ def test_event_encoding_is_exact() -> None:
     assert encode_json({"t": "x\ny"}).count(b"\n") == 2
 
 
+def test_json_event_is_one_data_line_whatever_the_text() -> None:
+    # CR, LF and CRLF are SSE's line breaks; the other Unicode separators are not,
+    # and JSON may carry them raw. Each must come back as the same text.
+    text = "a\rb\r\nc\u2028d\u2029e\x85f\x00g\U0001F600"
+    frame = encode_json({"choices": [{"text": text}]})
+    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    body = frame[len(b"data: "):-2]
+    assert b"\r" not in body and b"\n" not in body
+    assert json.loads(body.decode("utf-8")) == {"choices": [{"text": text}]}
+
+
 def _events(raw: str) -> list[str]:
     assert raw.endswith("\n\n")
     frames = raw.split("\n\n")[:-1]

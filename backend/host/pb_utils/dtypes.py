@@ -107,6 +107,9 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
         return ()
     if input_tensor.dtype.kind not in ("O", "S"):
         return None
+    if input_tensor.size == 1:  # the usual response tensor: one string
+        data = _element_bytes(input_tensor.reshape(-1)[0])
+        return struct.pack("<I", len(data)) + data
     parts: list[bytes] = []
     for item in input_tensor.reshape(-1, order="C"):
         data = _element_bytes(item)
