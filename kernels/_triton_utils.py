@@ -52,8 +52,11 @@ def _bind_module(module_globals: dict) -> None:
 
     module_globals["tl"] = triton.language
     for name, obj in list(module_globals.items()):
-        if isinstance(obj, LazyKernel) and obj.kernel is None:
-            obj.kernel = triton.jit(obj.fn)
+        if isinstance(obj, LazyKernel):
+            if obj.kernel is None:
+                # A helper imported from another module reads `tl` from its own module.
+                obj.fn.__globals__["tl"] = triton.language
+                obj.kernel = triton.jit(obj.fn)
             module_globals[name] = obj.kernel  # what a calling kernel resolves when it compiles
 
 

@@ -24,6 +24,7 @@ import torch
 
 from kvserve.kernels._triton_utils import (LOG2_E, cdiv, check, check_launch, dot_options, jit, next_pow2,
                                            num_sms, tl)
+from kvserve.kernels.paged_attention_common import attend_tile, check_paged_attention_args, check_paged_cache
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch
 
 __all__ = ["paged_decode_attention_triton", "paged_decode_attention_torch", "choose_num_splits"]
@@ -60,7 +61,6 @@ def _decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_SIZE
@@ -76,25 +76,11 @@ def _decode_split_kernel(
     table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
 
     for tok0 in range(start, end, BLOCK_N):
-        toks = tok0 + offs_n
-        n_mask = toks < end
-        page = tl.load(table_row + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        row = toks % BLOCK_SIZE
-        nd_mask = n_mask[:, None] & d_mask[None, :]
-        k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
-        k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        v_off = page * stride_vb + row * stride_vt + kvh * stride_vh
-        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        # Bounded at `end`: the request's last tile may run past its length.
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, offs_g, tok0, end, table_row, k_cache_ptr,
+                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                    BLOCK_N, False, True, PRECISION)
 
     # An empty split (past the end of a short request) leaves l_i = 0: write
     # zeros and lse = -inf so the merge gives it no weight.
@@ -144,23 +130,10 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int)
     return 1 << (n.bit_length() - 1)
 
 
-def _check_paged_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    check(key_cache.dim() == 4, "key_cache must be [num_blocks, block_size, num_kv_heads, head_size]")
-    check(value_cache.shape == key_cache.shape, "value_cache must have key_cache's shape")
-    check(key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "KV caches need a contiguous head dim")
-
-
 def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits):
     batch, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
-    check(key_cache.shape[3] == head_size, "query and KV cache head sizes differ")
-    check(num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads")
-    check(16 <= head_size <= 256, f"head size {head_size} outside 16..256")
-    check(query.stride(-1) == 1 and out.stride(-1) == 1, "query and out need a contiguous head dim")
-    check(out.shape == query.shape and out.dtype == query.dtype, "out must match query's shape and dtype")
-    check(block_tables.dim() == 2 and block_tables.shape[0] == batch and block_tables.stride(1) == 1,
-          "block_tables must be [batch, max_blocks] with contiguous rows")
-    check(block_tables.dtype in (torch.int32, torch.int64), "block_tables must be int32 or int64")
+    check_paged_attention_args(query, key_cache, value_cache, block_tables, out, batch)
     check(seq_lens.shape == (batch,) and seq_lens.dtype in (torch.int32, torch.int64), "seq_lens must be [batch] int")
     interpreted = check_launch(_decode_split_kernel, query, key_cache, value_cache, block_tables, seq_lens, out)
     upcast, precision = dot_options(query.dtype, interpreted)
@@ -210,7 +183,7 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
     split count; `num_splits` overrides the heuristic.
     """
     check(query.dim() == 3, "query must be [batch, num_heads, head_size]")
-    _check_paged_cache(key_cache, value_cache)
+    check_paged_cache(key_cache, value_cache)
     if out is None:
         out = torch.empty_like(query)
     if query.shape[0] == 0:

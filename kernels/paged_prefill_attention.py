@@ -21,41 +21,12 @@ from __future__ import annotations
 import torch
 
 from kvserve.kernels._triton_utils import LOG2_E, cdiv, check, check_launch, dot_options, jit, next_pow2, tl
+from kvserve.kernels.paged_attention_common import attend_tile, check_paged_attention_args
 from kvserve.kernels.paged_attention_ref import paged_prefill_attention_torch
 
 __all__ = ["paged_prefill_attention_triton", "paged_prefill_attention_torch"]
 
 _BLOCK_N = 64
-
-
-@jit
-def _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr, v_cache_ptr, kvh,
-                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2,
-                 HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """Online-softmax update of one (query tile, key tile) pair."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    toks = tok0 + offs_n
-    n_mask = toks < seq_len
-    nd_mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
-    page = tl.load(table_row + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    row = toks % BLOCK_SIZE
-
-    k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
-    k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    if MASKED:
-        s = tl.where((toks[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-
-    v_off = page * stride_vb + row * stride_vt + kvh * stride_vh
-    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l_i
 
 
 @jit
@@ -103,15 +74,15 @@ def _prefill_kernel(
     full_end = (ctx + m0) // BLOCK_N * BLOCK_N
     hi = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
     for tok0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
-                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
-                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                     BLOCK_N, False, PRECISION)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                    BLOCK_N, False, False, PRECISION)
     for tok0 in range(full_end, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
-                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
-                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                     BLOCK_N, True, PRECISION)
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                    BLOCK_N, True, True, PRECISION)
 
     o = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -123,17 +94,7 @@ def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query
     num_tokens, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     batch = seq_lens.shape[0]
-    check(key_cache.dim() == 4 and value_cache.shape == key_cache.shape,
-          "KV caches must both be [num_blocks, block_size, num_kv_heads, head_size]")
-    check(key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1, "KV caches need a contiguous head dim")
-    check(key_cache.shape[3] == head_size, "query and KV cache head sizes differ")
-    check(num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads")
-    check(16 <= head_size <= 256, f"head size {head_size} outside 16..256")
-    check(query.stride(-1) == 1 and out.stride(-1) == 1, "query and out need a contiguous head dim")
-    check(out.shape == query.shape and out.dtype == query.dtype, "out must match query's shape and dtype")
-    check(block_tables.dim() == 2 and block_tables.shape[0] == batch and block_tables.stride(1) == 1,
-          "block_tables must be [batch, max_blocks] with contiguous rows")
-    check(block_tables.dtype in (torch.int32, torch.int64), "block_tables must be int32 or int64")
+    check_paged_attention_args(query, key_cache, value_cache, block_tables, out, batch)
     check(seq_lens.dtype in (torch.int32, torch.int64), "seq_lens must be int32 or int64")
     check(query_start_loc.shape == (batch + 1,) and query_start_loc.dtype in (torch.int32, torch.int64),
           "query_start_loc must be [batch + 1] int")
