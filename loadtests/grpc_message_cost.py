@@ -101,7 +101,7 @@ def run(messages: int, size: int, streams: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     port, result = _free_port(), ctx.Array("d", 2)
 
-    async def serve_one_stream() -> dict[str, float]:
+    async def serve_and_count() -> dict[str, float]:
         server, measured, done = await _serve(port, messages, size, streams)
         client = ctx.Process(target=_client, args=(port, streams, result), daemon=True)
         client.start()
@@ -114,7 +114,7 @@ def run(messages: int, size: int, streams: int) -> dict[str, float]:
             await server.stop(None)
         return measured
 
-    measured = asyncio.run(serve_one_stream())
+    measured = asyncio.run(serve_and_count())
     if result[0] != messages:
         raise RuntimeError(f"the client received {result[0]:.0f} of {messages} messages")
     return {"messages": float(messages), "size": float(size), "streams": float(streams), "wall_s": measured["wall_s"],
