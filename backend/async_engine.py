@@ -82,7 +82,7 @@ class AsyncEngine:
         # spinning between parallel regions: every region puts its workers to
         # sleep and wakes them again (measured: ~30k sleeps per 20 s of serving,
         # and steps ~30 % slower than the same engine on one thread).
-        name_this_thread("kvserve-engine")
+        name_this_thread()
         try:
             self.engine = LLMEngine(self.config)
             self._stats = self.engine.stats()

@@ -69,7 +69,7 @@ class TritonLLMModel:
         self._live: dict[str, _Live] = {}
         self._outputs: queue.SimpleQueue[tuple[_Live, RequestOutput] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._respond_loop, name="kvserve-responses", daemon=True)
+        self._thread = threading.Thread(target=self._respond_loop, name="kvserve-respond", daemon=True)
         self._thread.start()
         log.info("kvserve model ready: %s (max_model_len=%d)", self.config.model, self.engine.max_model_len)
 
@@ -133,7 +133,7 @@ class TritonLLMModel:
 
     # ---- response thread ----------------------------------------------------------------------
     def _respond_loop(self) -> None:
-        name_this_thread("kvserve-respond")
+        name_this_thread()
         while not self._stop.is_set():
             # Send everything one engine step produced, then poll cancellations once per batch
             # (not once per response: that would be quadratic in the number of live requests).
