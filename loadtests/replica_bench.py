@@ -36,6 +36,7 @@ from kvserve.loadtests.report import write_json
 from kvserve.loadtests.server_api import metric_sums
 
 REPO = Path(__file__).resolve().parent.parent
+_CACHE_COUNTERS = ("kvserve:prefix_cache_hits_total", "kvserve:prefix_cache_queries_total")
 
 
 @dataclass(slots=True)
@@ -43,8 +44,10 @@ class Cluster:
     url: str
     hosts: list[HostAddress]
 
-    def host_counter(self, name: str) -> float:
-        return sum(metric_sums(f"http://{host.metrics}/metrics", [name]).get(name, 0.0) for host in self.hosts)
+    def host_counters(self, names: tuple[str, ...]) -> tuple[float, ...]:
+        """Each counter summed over every host (one scrape per host)."""
+        pages = [metric_sums(f"http://{host.metrics}/metrics", names) for host in self.hosts]
+        return tuple(sum(page.get(name, 0.0) for page in pages) for name in names)
 
 
 @contextmanager
@@ -112,12 +115,10 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
             before: list[float] = []
 
             def snapshot(c: Cluster = c) -> None:
-                before[:] = [c.host_counter("kvserve:prefix_cache_hits_total"),
-                             c.host_counter("kvserve:prefix_cache_queries_total")]
+                before[:] = c.host_counters(_CACHE_COUNTERS)
 
             m = asyncio.run(bench_once(c.url, shared_argv, snapshot))
-            hits = c.host_counter("kvserve:prefix_cache_hits_total") - before[0]
-            queries = c.host_counter("kvserve:prefix_cache_queries_total") - before[1]
+            hits, queries = (now - then for now, then in zip(c.host_counters(_CACHE_COUNTERS), before))
             row = {"replicas": n, "affinity": flag == "--prefix-affinity", "hit_rate": hits / queries if queries else 0.0,
                    "cached_tokens": hits, "prompt_tokens_looked_up": queries,
                    "output_throughput": m["output_throughput"], "median_ttft_ms": m["median_ttft_ms"]}
