@@ -29,6 +29,7 @@ from kvserve.loadtests.compare_model import ensure_bench_model, prompt_vocab_siz
 from kvserve.loadtests.compare_prompts import CompareRequest, relabel, token_prompts
 from kvserve.loadtests.datasets import LognormalDataset
 from kvserve.loadtests.report import write_json
+from kvserve.loadtests.thread_cpu import stat_cpu_s
 
 
 def busy_loop(stop: Any, busy: float, period_s: float) -> None:
@@ -41,20 +42,11 @@ def busy_loop(stop: Any, busy: float, period_s: float) -> None:
         time.sleep(max(0.0, period_s - (time.perf_counter() - started)))
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far, from /proc (Linux)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # the name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def timed_generate(llm: Any, requests: list[CompareRequest]) -> tuple[float, int]:
-    from kvserve.backend import SamplingParams
+    """Duration and output tokens of one `kvserve bench --compare` baseline (c) run."""
+    from kvserve.loadtests.baseline_kvserve import run_offline
 
-    params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in requests]
-    started = time.perf_counter()
-    llm.generate([r.prompt_ids for r in requests], params)
-    return time.perf_counter() - started, sum(r.output_len for r in requests)
+    return run_offline(llm, requests).duration, sum(r.output_len for r in requests)
 
 
 def run_arm(llm: Any, requests: list[CompareRequest], busy: float, period_s: float) -> dict[str, float]:
@@ -67,9 +59,10 @@ def run_arm(llm: Any, requests: list[CompareRequest], busy: float, period_s: flo
     proc.start()
     time.sleep(0.5)  # past its start-up
     try:
-        before = process_cpu_s(proc.pid)  # type: ignore[arg-type]
+        stat = Path(f"/proc/{proc.pid}/stat")
+        before = stat_cpu_s(stat)
         duration, tokens = timed_generate(llm, requests)
-        busy_cpu = process_cpu_s(proc.pid) - before  # type: ignore[arg-type]
+        busy_cpu = stat_cpu_s(stat) - before
     finally:
         stop.set()
         proc.join(10)

@@ -45,11 +45,16 @@ class ThreadStats:
         return ThreadStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
+def stat_cpu_s(stat_path: Path) -> float:
+    """User + system CPU seconds from a /proc .../stat file (a process's or a thread's)."""
+    stat = stat_path.read_text()
+    after_name = stat[stat.rindex(")") + 2:].split()  # the name may contain spaces
+    return (int(after_name[11]) + int(after_name[12])) / _TICKS  # utime + stime (fields 14, 15)
+
+
 def _read_thread(task: Path) -> tuple[str, ThreadStats]:
     name = (task / "comm").read_text().strip()
-    stat = (task / "stat").read_text()
-    after_name = stat[stat.rindex(")") + 2:].split()  # the name may contain spaces
-    cpu_s = (int(after_name[11]) + int(after_name[12])) / _TICKS  # utime + stime (fields 14, 15)
+    cpu_s = stat_cpu_s(task / "stat")
     wait_ns = int((task / "schedstat").read_text().split()[1])
     status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
     return name, ThreadStats(cpu_s, wait_ns / 1e9, int(status["voluntary_ctxt_switches"]),
