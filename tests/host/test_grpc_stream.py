@@ -192,7 +192,13 @@ def test_stop_stream_with_cancel_requests_cancels_every_request(host: HostHandle
     client.start_stream(callback=lambda result, error: received.put((result, error)))
     for k in range(3):
         client.async_stream_infer("repeat", repeat_inputs(100000, delay=0.01), request_id=f"c{k}")
-    received.get(timeout=10)
+    # Wait until every request is streaming: one the server has not read yet when the
+    # stream is cancelled is never started, so it is rightly never counted as cancelled.
+    streaming: set[str] = set()
+    while streaming != {"c0", "c1", "c2"}:
+        result, error = received.get(timeout=10)
+        assert error is None
+        streaming.add(result.get_response().id)
     client.stop_stream(cancel_requests=True)
     client.close()
     elapsed = wait_for(lambda: _cancel_counters(host)[0] >= seen_before + 3, timeout=5)
