@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from kvserve.backend.config import EngineConfig
-from kvserve.backend.cpu_scheduling import use_batch_scheduling
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
@@ -84,8 +83,6 @@ class AsyncEngine:
         # sleep and wakes them again (measured: ~30k sleeps per 20 s of serving,
         # and steps ~30 % slower than the same engine on one thread).
         name_this_thread()
-        if self.config.batch_scheduling:
-            use_batch_scheduling()  # before torch's OpenMP team exists: the team inherits it
         try:
             self.engine = LLMEngine(self.config)
             self._stats = self.engine.stats()

@@ -43,9 +43,6 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     num_threads: int | None = None
-    # Run engine steps (and torch's OpenMP team) under Linux SCHED_BATCH, so their
-    # wake-ups never preempt the serving threads beside them (backend/cpu_scheduling.py).
-    batch_scheduling: bool = True
     # Test hook: raise inside the model forward at this step, once (reliability tests).
     fault_injection_step: int | None = None
     # Debug aid: log when each request is first scheduled and when it is aborted or

@@ -6,7 +6,6 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from kvserve.backend.config import EngineConfig
-from kvserve.backend.cpu_scheduling import batch_scheduling
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
@@ -20,11 +19,7 @@ class LLM:
         unknown = sorted(set(engine_args) - known)
         if unknown:
             raise TypeError(f"LLM() got unknown engine argument {unknown[0]!r}")
-        config = EngineConfig(model=model, **engine_args)
-        # The engine runs on the caller's thread: it gets the engine's policy only while
-        # the engine works (building it here starts torch's OpenMP team, which keeps it).
-        with batch_scheduling(config.batch_scheduling):
-            self.engine = LLMEngine(config)
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -47,10 +42,9 @@ class LLM:
             order.append(rid)
             results[rid] = RequestOutput(rid, [], [CompletionOutput(i) for i in range(params.n)],
                                          prompt=prompt if isinstance(prompt, str) else None)
-        with batch_scheduling(self.engine.config.batch_scheduling):
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
-                    _accumulate(results[out.request_id], out)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                _accumulate(results[out.request_id], out)
         return [results[rid] for rid in order]
 
 

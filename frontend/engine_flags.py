@@ -84,8 +84,6 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--stream-interval", "new tokens per streamed response (first and last never wait); "
                "more means less serving work per token under load", positive_int),
     EngineFlag("--seed", "engine seed for requests without their own", int),
-    EngineFlag("--batch-scheduling", "run the engine's compute threads under Linux SCHED_BATCH: their wake-ups do not "
-               "preempt the serving threads (default: on)", None),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),
     EngineFlag("--otlp-traces-endpoint", "OTLP endpoint for traces (gateway and engine)"),
