@@ -23,8 +23,21 @@ from .pb_utils.host_hooks import set_model_ready_hook
 from .repository import ModelRepository
 
 _LOG = logging.getLogger("kvserve.host")
-# tritonserver allows messages of any size; gRPC's default cap is 4 MiB.
-_GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# Clients may ping an idle connection this often. The gateway pings every 10 s, calls or
+# not, to notice a dead backend (frontend/triton_client.py); gRPC servers by default take a
+# ping without data only every 5 minutes and close the connection (GOAWAY too_many_pings)
+# after two early ones, so an idle gateway logged an error and reconnected every ~30 s.
+# tritonserver needs the same on its command line (README, deploy/).
+MIN_PING_INTERVAL_WITHOUT_DATA_MS = 5_000
+
+
+def _grpc_options() -> list[tuple[str, int]]:
+    return [
+        # tritonserver allows messages of any size; gRPC's default cap is 4 MiB.
+        ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_WITHOUT_DATA_MS),
+    ]
 
 
 @dataclass
@@ -77,7 +90,7 @@ async def start_host(
     set_model_ready_hook(repo.model_ready)
 
     servicer = InferenceServicer(repo, metrics, strict_readiness=strict_readiness)
-    server = grpc.aio.server(options=_GRPC_OPTIONS)
+    server = grpc.aio.server(options=_grpc_options())
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{grpc_port}")
     if bound == 0:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvserve.frontend import triton_client
 from kvserve.frontend.serve_cmd import build_parser
 from kvserve.observability import metrics as m
 
@@ -115,6 +116,21 @@ def test_dockerfile_layers_kvserve_on_tritonserver() -> None:
         for part in folder.split():
             assert (DEPLOY.parent / part).exists(), part
     assert "model_repository" in text and "tritonserver" in text
+
+
+def test_every_tritonserver_accepts_the_gateways_keepalive_pings() -> None:
+    # With gRPC's defaults tritonserver closes a connection pinged every 10 s without calls
+    # (GOAWAY too_many_pings); the gateway pings that way to notice a dead replica.
+    gateway_ms = dict(triton_client._CHANNEL_OPTIONS)["grpc.keepalive_time_ms"]
+    services = _compose()["services"]
+    pod = _k8s()[("Deployment", "kvserve-triton")]["spec"]["template"]["spec"]["containers"][0]
+    command_lines = {name: " ".join(services[name]["command"]) for name in services if name.startswith("triton-")}
+    command_lines["k8s"] = " ".join(pod["command"] + pod["args"])
+    command_lines["Dockerfile"] = (DEPLOY / "Dockerfile").read_text()
+    for where, text in command_lines.items():
+        assert "--grpc-keepalive-permit-without-calls=true" in text, where
+        interval = re.search(r"--grpc-http2-min-recv-ping-interval-without-data=(\d+)", text)
+        assert interval and int(interval.group(1)) * 2 <= gateway_ms, where
 
 
 def _k8s() -> dict[tuple[str, str], dict]:
