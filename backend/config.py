@@ -42,7 +42,10 @@ class EngineConfig:
     stream_interval: int = 1
     attention_backend: str = "auto"
     seed: int = 0
-    num_threads: int | None = None
+    num_threads: int | None = None  # CPU threads for the engine's torch ops; None: torch's default
+    # CPU cores the engine leaves to the serving path and the OS (vLLM's
+    # VLLM_CPU_NUM_OF_RESERVED_CPU); see backend/cpu_threads.py.
+    cpu_reserved_cores: int = 0
     # Test hook: raise inside the model forward at this step, once (reliability tests).
     fault_injection_step: int | None = None
     # Debug aid: log when each request is first scheduled and when it is aborted or
@@ -67,6 +70,10 @@ class EngineConfig:
         _positive("stream_interval", self.stream_interval)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+        if self.num_threads is not None:
+            _positive("num_threads", self.num_threads)
+        if not isinstance(self.cpu_reserved_cores, int) or self.cpu_reserved_cores < 0:
+            raise ValueError(f"cpu_reserved_cores: must be an integer >= 0, got {self.cpu_reserved_cores!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks: need at least 2 (block 0 is the reserved null block)")
         if self.kv_cache_memory is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.backend.config import EngineConfig
+from kvserve.backend.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.loader import load_model
 from kvserve.backend.ops import select_ops
@@ -60,8 +61,10 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
+        if threads is not None:
+            torch.set_num_threads(threads)
+            log.info("engine uses %d CPU thread(s) (%d core(s) reserved)", threads, config.cpu_reserved_cores)
         self.device = resolve_device(config.device)
         arch = ArchConfig.from_model_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)

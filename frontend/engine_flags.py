@@ -83,6 +83,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--kv-cache-dtype", "KV cache dtype", choices=("auto", "float32", "float16", "bfloat16")),
     EngineFlag("--stream-interval", "new tokens per streamed response (first and last never wait); "
                "more means less serving work per token under load", positive_int),
+    EngineFlag("--cpu-reserved-cores", "CPU cores the engine's threads leave to the gateway, its transport and "
+               "the OS (as vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU); 0: the engine uses every core", non_negative_int),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),

@@ -89,6 +89,8 @@ def add_compare_flags(p: argparse.ArgumentParser) -> None:
     cmp.add_argument("--max-num-batched-tokens", type=int, default=None, help="kvserve engine flag for (c) and (d)")
     cmp.add_argument("--stream-interval", type=int, default=None,
                      help="kvserve serve flag for the server (d) starts: new tokens per streamed response")
+    cmp.add_argument("--cpu-reserved-cores", type=int, default=None,
+                     help="kvserve engine flag for (c) and (d): CPU cores the engine leaves to the serving path")
     cmp.add_argument("--compare-repeat", type=int, default=1, metavar="N",
                      help="run (c) and (d) N times each, alternating, on one engine and one server; the table "
                           "shows the pair with the median (d)/(c) ratio and lists every pair")

@@ -40,6 +40,8 @@ def validate_compare(args: argparse.Namespace) -> None:
         raise ValueError(f"--compare-repeat must be >= 1, got {args.compare_repeat}")
     if args.stream_interval is not None and args.stream_interval < 1:
         raise ValueError(f"--stream-interval must be >= 1, got {args.stream_interval}")
+    if args.cpu_reserved_cores is not None and args.cpu_reserved_cores < 0:
+        raise ValueError(f"--cpu-reserved-cores must be >= 0, got {args.cpu_reserved_cores}")
 
 
 def _percentiles(text: str) -> tuple[float, ...]:
@@ -58,6 +60,7 @@ def options_from_args(args: argparse.Namespace, model_dir: str) -> CompareOption
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         stream_interval=args.stream_interval,
+        cpu_reserved_cores=args.cpu_reserved_cores,
         repeat=args.compare_repeat,
         base_url=args.base_url,
         api_key=args.api_key,
@@ -71,6 +74,10 @@ def header_lines(model: dict[str, object], workload: dict[str, object], dataset:
                  device: str) -> list[str]:
     rate = opts.load.request_rate
     arrival = "all arriving at once" if math.isinf(rate) else f"(d) at {rate:g} req/s, (a)-(c) all at once"
+    engine = []
+    if opts.cpu_reserved_cores:
+        engine = [f"kvserve engine of (c) and of the server (d) starts: {opts.cpu_reserved_cores} CPU core(s) "
+                  f"reserved for the serving path"]
     return [
         f"model: {model['path']} ({int(model['num_parameters']) / 1e6:.1f}M params, "
         f"{int(model['weight_bytes']) / 2**20:.0f} MiB {opts.dtype}, {device})",
@@ -78,6 +85,7 @@ def header_lines(model: dict[str, object], workload: dict[str, object], dataset:
         f"{workload['input_len_min']}-{workload['input_len_max']} tokens ({int(workload['total_input_tokens']):,}); "
         f"outputs median {float(workload['output_len_median']):g}, max {workload['output_len_max']} "
         f"({int(workload['total_output_tokens']):,}); greedy, EOS ignored",
+        *engine,
     ]
 
 

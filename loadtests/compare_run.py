@@ -33,6 +33,7 @@ class CompareOptions:
     max_num_seqs: int | None = None  # kvserve engine flags for (c) and (d); None: engine default
     max_num_batched_tokens: int | None = None
     stream_interval: int | None = None  # (d) only: `kvserve serve --stream-interval`; None: the default (1)
+    cpu_reserved_cores: int | None = None  # (c) and (d): cores the engine leaves free; None: the default (0)
     repeat: int = 1  # (c) and (d) this many times each, alternating (see _alternating_pairs)
     base_url: str | None = None  # (d) against this server instead of starting one
     api_key: str | None = None
@@ -48,6 +49,8 @@ class CompareOptions:
             args["max_num_seqs"] = self.max_num_seqs
         if self.max_num_batched_tokens is not None:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.cpu_reserved_cores is not None:
+            args["cpu_reserved_cores"] = self.cpu_reserved_cores
         return args
 
     def serve_flags(self) -> list[str]:
@@ -58,6 +61,8 @@ class CompareOptions:
             flags += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.stream_interval is not None:
             flags += ["--stream-interval", str(self.stream_interval)]
+        if self.cpu_reserved_cores is not None:
+            flags += ["--cpu-reserved-cores", str(self.cpu_reserved_cores)]
         return flags
 
 

@@ -33,12 +33,12 @@ def parse(*argv: str):
 def test_engine_flags_become_kvserve_env_vars() -> None:
     args = parse("--max-num-seqs", "8", "--no-enable-prefix-caching", "--kv-cache-memory", "2GiB", "--dtype", "bfloat16",
                  "--gpu-memory-utilization", "0.5", "--served-model-name", "a", "b", "--log-requests",
-                 "--chat-template", "{{ x }}")
+                 "--chat-template", "{{ x }}", "--cpu-reserved-cores", "1")
     env = engine_env(args)
     assert env == {
         "KVSERVE_MAX_NUM_SEQS": "8", "KVSERVE_ENABLE_PREFIX_CACHING": "false", "KVSERVE_KV_CACHE_MEMORY": str(2 << 30),
         "KVSERVE_DTYPE": "bfloat16", "KVSERVE_GPU_MEMORY_UTILIZATION": "0.5", "KVSERVE_SERVED_MODEL_NAME": "a",
-        "KVSERVE_LOG_REQUESTS": "true",
+        "KVSERVE_LOG_REQUESTS": "true", "KVSERVE_CPU_RESERVED_CORES": "1",
     }
     assert engine_env(parse()) == {}  # unset flags leave the engine's defaults alone
     assert {f.env for f in ENGINE_FLAGS} >= {"KVSERVE_MAX_MODEL_LEN", "KVSERVE_BLOCK_SIZE", "KVSERVE_SEED",
@@ -49,7 +49,7 @@ def test_engine_flags_become_kvserve_env_vars() -> None:
 def test_flag_values_are_checked() -> None:
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1073741824") == 1 << 30 and parse_bytes("1.5k") == 1536
     for argv in (["--max-num-seqs", "0"], ["--gpu-memory-utilization", "1.5"], ["--kv-cache-memory", "lots"],
-                 ["--attention-backend", "cuda"]):
+                 ["--attention-backend", "cuda"], ["--cpu-reserved-cores", "-1"]):
         with pytest.raises(SystemExit):
             parse(*argv)
 

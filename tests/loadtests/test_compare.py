@@ -11,6 +11,7 @@ from kvserve.loadtests.bench_cli import main
 from kvserve.loadtests.compare import resolve_baselines
 from kvserve.loadtests.compare_extrapolate import ServiceSample, fit_service_model, replay_serial, subset_indices
 from kvserve.loadtests.compare_prompts import token_prompts
+from kvserve.loadtests.compare_run import CompareOptions
 from kvserve.loadtests.datasets import LognormalDataset, SharedPrefixDataset
 
 PER_BASELINE = ("duration", "output_throughput", "total_token_throughput", "request_throughput",
@@ -84,6 +85,16 @@ def test_baseline_names_and_bad_compare_flags(capsys):
     assert "token-id prompts" in capsys.readouterr().err
     assert main(["--compare", "--temperature", "0.7"]) == 2
     assert main(["--compare", "--static-batch-size", "0"]) == 2
+    assert main(["--compare", "--cpu-reserved-cores", "-1"]) == 2
+    assert "--cpu-reserved-cores must be >= 0" in capsys.readouterr().err
+
+
+def test_reserved_cores_reach_both_kvserve_baselines():
+    # (c) and (d) must run the same engine, or their ratio measures more than the serving path.
+    opts = CompareOptions(model_dir="m", cpu_reserved_cores=1)
+    assert opts.engine_args()["cpu_reserved_cores"] == 1
+    assert opts.serve_flags()[-2:] == ["--cpu-reserved-cores", "1"]
+    assert "cpu_reserved_cores" not in CompareOptions(model_dir="m").engine_args()
 
 
 def test_token_prompts_have_exact_lengths_and_shared_prefixes():
