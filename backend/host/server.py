@@ -3,7 +3,9 @@
 Prints exactly one line, `kvserve-host ready grpc=HOST:PORT metrics=HOST:PORT`,
 on stdout once every model has finished initialize (a parent process waits for
 it), and exits 0 after a clean shutdown on SIGTERM/SIGINT or when the process
-given by --parent-pid dies.
+given by --parent-pid dies. A model that fails to load makes it exit 1 without
+that line (tritonserver's --exit-on-error, on by default), so `kvserve serve`
+stops with the error instead of serving 503s from a host that cannot recover.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 from typing import TextIO
 
 from .host import start_host
+from .model_runtime import ModelState
 from .parent_watch import watch_parent
 
 _LOG = logging.getLogger("kvserve.host")
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--strict-readiness", type=_bool, default=True,
                    help="ready only when every model loaded (tritonserver's default)")
+    p.add_argument("--exit-on-error", type=_bool, default=True,
+                   help="exit (code 1, no ready line) when a model fails to load (tritonserver's default)")
     p.add_argument("--log-level", default="info", type=str.lower, choices=sorted(_LEVELS))
     return p
 
@@ -92,6 +97,13 @@ async def _serve(args: argparse.Namespace, ready_out: TextIO) -> int:
         handle = starting.result()
     except OSError as exc:
         _LOG.error("%s", exc)
+        return 1
+    if args.exit_on_error and not handle.repository.all_ready():
+        failed = sorted({name for name, _, state, _ in handle.repository.index()
+                         if state != ModelState.READY.value})
+        _LOG.error("exiting: %s failed to load (the reason is logged above; --exit-on-error=false serves the "
+                   "others)", ", ".join(failed))
+        await handle.stop(grace=0)
         return 1
     print(f"kvserve-host ready grpc={handle.host}:{handle.grpc_port} metrics={handle.host}:{handle.metrics_port}",
           file=ready_out, flush=True)

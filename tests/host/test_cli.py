@@ -132,6 +132,23 @@ def test_bad_repository_fails_fast(tmp_path: Path) -> None:
     assert "is not a directory" in done.stderr
 
 
+def test_a_model_that_fails_to_load_stops_the_host_unless_told_otherwise() -> None:
+    # tritonserver's --exit-on-error (default true): a parent waiting for the ready line gets an
+    # exit code and the reason, not a server that answers "not ready" forever.
+    from host_fixtures import BASIC  # noqa: PLC0415  (has a model whose initialize() raises)
+
+    done = subprocess.run([*HOST_CMD, "--model-repository", str(BASIC), "--grpc-port", "0", "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "initialize failed on purpose" in done.stderr and "exiting: failing failed to load" in done.stderr
+    proc, _, _ = start_host_process(BASIC, "--exit-on-error=false")
+    try:
+        assert read_line(proc, 60).startswith("kvserve-host ready")  # the other models are served
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_kvserve_triton_subcommand_dispatches_here() -> None:
     from kvserve.frontend.cli import SUBCOMMANDS  # noqa: PLC0415
 
