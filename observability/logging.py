@@ -9,7 +9,11 @@
   through ``request_text()`` / ``request_text_fields()``, and as a safety net
   the well-known text keys (``SENSITIVE_KEYS``) are replaced by
   ``"<redacted>"`` in every record while the switch is off.
-* Exceptions are rendered into the log record (``exception`` field); these
+* Exceptions: at DEBUG the traceback is rendered into the record (``exception``
+  field), without local variables; above DEBUG only the exception's type name
+  (``exception_type``). Neither a traceback's paths nor an exception's message
+  (which may quote a request: aiohttp's parser errors quote the raw bytes,
+  Authorization header included) reach the logs at the default level. These
   records are for operators, never for HTTP clients.
 
 Environment defaults (so a child process inherits its parent's choice):
@@ -28,6 +32,7 @@ from typing import Any, TextIO, TypeVar
 
 import structlog
 from opentelemetry import trace
+from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import EventDict, WrappedLogger
 
 from .tracing import format_span_id, format_trace_id, span_context_from_traceparent
@@ -76,6 +81,23 @@ def _redact(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
+def _exception_type_unless_debugging(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    exc_info = event_dict.get("exc_info")
+    if not exc_info or logging.getLogger().isEnabledFor(logging.DEBUG):
+        return event_dict
+    del event_dict["exc_info"]
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    exc = exc_info if isinstance(exc_info, BaseException) else exc_info[1]
+    if exc is not None:
+        event_dict["exception_type"] = type(exc).__name__
+    return event_dict
+
+
+# Tracebacks (DEBUG only) without local variables: a frame's locals can hold a request's bytes.
+_json_traceback = structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -108,13 +130,14 @@ def configure_logging(*, fmt: str | None = None, level: str | int | None = None,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_trace_ids,
         _redact,
+        _exception_type_unless_debugging,
         structlog.processors.StackInfoRenderer(),
     ]
     if fmt == "json":
-        renderers: list[Any] = [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+        renderers: list[Any] = [_json_traceback, structlog.processors.JSONRenderer()]
     else:
         colors = bool(getattr(stream, "isatty", lambda: False)())
-        renderers = [structlog.dev.ConsoleRenderer(colors=colors)]
+        renderers = [structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=structlog.dev.plain_traceback)]
     formatter = structlog.stdlib.ProcessorFormatter(
         # ExtraAdder: stdlib `extra={...}` fields become keys (and get redacted too).
         foreign_pre_chain=[structlog.stdlib.ExtraAdder(), *shared],

@@ -129,18 +129,39 @@ def test_log_requests_switch_enables_prompt_logging(stream, monkeypatch):
     assert request_text("x") is None
 
 
-def test_exceptions_are_structured_in_the_record(stream):
-    configure_logging(stream=stream)
+def _log_a_failure(secret: str, quoted: bool) -> None:
+    header = "Authorization: " + secret  # a local variable of the failing frame
     try:
-        raise ValueError("bad temperature")
+        # aiohttp's parser errors quote the raw request in their message
+        raise ValueError("bad request " + (header if quoted else ""))
     except ValueError:
         get_logger("gw").exception("request failed")
         logging.getLogger("lib").exception("stdlib failed")
-    structlog_rec, stdlib_rec = _lines(stream)
-    for record in (structlog_rec, stdlib_rec):
-        assert record["level"] == "error"
-        assert record["exception"][0]["exc_type"] == "ValueError"
-        assert record["exception"][0]["exc_value"] == "bad temperature"
+
+
+def test_above_debug_an_exception_is_logged_by_its_type_only(stream):
+    configure_logging(stream=stream)
+    _log_a_failure("Bearer sk-SECRET", quoted=True)
+    records = _lines(stream)
+    assert len(records) == 2
+    for record in records:
+        assert record["level"] == "error" and record["exception_type"] == "ValueError"
+        assert "exception" not in record
+    assert "sk-SECRET" not in stream.getvalue() and ".py" not in stream.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_at_debug_the_traceback_is_logged_without_local_variables(fmt, stream):
+    configure_logging(stream=stream, level="DEBUG", fmt=fmt)
+    _log_a_failure("Bearer sk-SECRET", quoted=False)
+    text = stream.getvalue()
+    assert "ValueError" in text and "test_obs_logging.py" in text  # the traceback is there
+    assert "sk-SECRET" not in text  # the frame's local variables are not
+    if fmt == "json":
+        structlog_rec, stdlib_rec = _lines(stream)
+        for record in (structlog_rec, stdlib_rec):
+            assert record["exception"][0]["exc_type"] == "ValueError"
+            assert all("locals" not in frame or not frame["locals"] for frame in record["exception"][0]["frames"])
 
 
 def test_console_format_and_reconfiguration_do_not_stack_handlers(stream):

@@ -16,6 +16,7 @@ import ast
 import inspect
 import ipaddress
 import re
+import socket
 import textwrap
 from pathlib import Path
 
@@ -135,6 +136,14 @@ def test_error_bodies_and_logs_never_leak(main_server: Served) -> None:
     raw = main_server.request("POST", "/v1/completions", raw=f'{{"prompt": "{CANARY}", "n": '.encode(),
                               headers={"Content-Type": "application/json"})
     assert raw.status == 400 and CANARY.encode() not in raw.body
+    # Rejected by aiohttp's HTTP parser before any handler runs; its exceptions quote the raw
+    # request (headers included), so only their type may reach the logs.
+    for malformed in (f"Authorization: Bearer {CANARY}\r\nX-Big: {'a' * 9000}\r\n\r\n",
+                      f"Transfer-Encoding: chunked\r\nX-Key: {CANARY}\r\n\r\nZZ\r\n{CANARY}\r\n0\r\n\r\n"):
+        with socket.create_connection((main_server.host, main_server.port), timeout=10) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{malformed}".encode())
+            status_line = sock.recv(64).split(b"\r\n")[0]
+            assert status_line.startswith(b"HTTP/1.") and b" 400 " in status_line, status_line
     main_server.complete(model="tiny", prompt=CANARY, max_tokens=3)  # a good request: its prompt stays out too
     logs = "".join(main_server.logs_since(mark))
     assert logs  # the requests were logged (without their prompts)
