@@ -40,11 +40,13 @@ class IncrementalDetokenizer:
         self.emitted = 0      # characters of self.text already handed to the client
         self._max_stop = max((len(s) for s in stop), default=0)
 
-    def add_tokens(self, new_ids: list[int], finished: bool = False) -> DetokenizerResult:
+    def add_tokens(self, new_ids: list[int], finished: bool = False, check_stop: bool = True) -> DetokenizerResult:
+        """The new text to hand out. `check_stop=False` while the request has not yet reached
+        min_tokens: a stop string there neither stops it nor is cut from the text (vLLM)."""
         for token_id in new_ids:
             self.ids.append(token_id)
             self.text += self._decode_step()
-            if self.stop:
+            if self.stop and check_stop:
                 match = self._find_stop()
                 if match is not None:
                     return match

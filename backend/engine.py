@@ -218,9 +218,10 @@ class LLMEngine:
             return RequestStatus.FINISHED_STOPPED
         length_done = (params.max_tokens is not None and n_out >= params.max_tokens) or \
             req.num_tokens >= self.max_model_len
-        result = seq.detokenizer.add_tokens([tok.token_id], finished=length_done)
+        result = seq.detokenizer.add_tokens([tok.token_id], finished=length_done,
+                                            check_stop=n_out >= params.min_tokens)
         seq.pending_text += result.text_delta
-        if result.stop_string is not None and n_out >= params.min_tokens:
+        if result.stop_string is not None:
             req.stop_reason = result.stop_string
             return RequestStatus.FINISHED_STOPPED
         if length_done:

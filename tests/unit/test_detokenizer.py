@@ -54,3 +54,17 @@ def test_include_stop_str_in_output(tok):
 def test_partial_stop_prefix_is_released_when_it_cannot_match(tok):
     deltas, stop = _stream(tok, "a Pari b Paris", stop=["Paris"])
     assert stop == "Paris" and "".join(deltas) == "a Pari b "
+
+
+def test_stop_strings_are_not_checked_while_told_not_to(tok):
+    # Before min_tokens (the engine's call): a stop string stays in the text; later ones still stop.
+    ids = tok.encode("one two one two")
+    d = IncrementalDetokenizer(tok, [], ["two"], False, True)
+    text, stopped = "", None
+    for i, t in enumerate(ids):
+        r = d.add_tokens([t], check_stop=i >= len(ids) // 2)
+        text += r.text_delta
+        if r.stop_string:
+            stopped = r.stop_string
+            break
+    assert stopped == "two" and text == "one two one "

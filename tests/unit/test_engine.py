@@ -85,6 +85,17 @@ def test_bad_input_raises_value_error_naming_the_field_and_engine_keeps_serving(
     assert _all_free(llm)
 
 
+def test_a_stop_string_before_min_tokens_neither_stops_nor_cuts_the_text(llm):
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    base = llm.generate("Once upon a time", greedy)[0].outputs[0]
+    stop = base.text[:3]  # in the first tokens' text
+    assert stop.strip()
+    params = SamplingParams(max_tokens=12, min_tokens=12, temperature=0, ignore_eos=True, stop=[stop])
+    out = llm.generate("Once upon a time", params)[0].outputs[0]
+    assert out.finish_reason == "length" and out.text == base.text and out.token_ids == base.token_ids
+    assert _all_free(llm)
+
+
 def test_min_tokens_max_tokens_and_logprobs(llm):
     out = llm.generate("Hi", SamplingParams(max_tokens=7, min_tokens=7, temperature=0, logprobs=3))[0].outputs[0]
     assert len(out.token_ids) == 7 and out.finish_reason == "length"
