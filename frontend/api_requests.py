@@ -60,6 +60,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     # Ignored unless streaming (lenient: a client that always sends it still works).
     include_usage = stream and bool(F.opt_bool(options or {}, "include_usage"))
     _check_response_format(body)
+    _check_unimplemented_extensions(body, chat=chat)
     if body.get("tools") or body.get("functions"):
         raise not_supported("tools", "tool calling")
     if "suffix" in body and body["suffix"] not in (None, ""):
@@ -75,6 +76,34 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "sampling": _sampling(body, vocab_size, n, chat=chat),
         "user": F.opt_str(body, "user", max_len=256),
     }
+
+
+# vLLM's request extensions this server does not implement. Ignoring one would hand back
+# ordinary output where the client asked for constrained or differently decoded output, so
+# each is refused when set to anything but its default (None, false, empty).
+_VLLM_UNSUPPORTED = {
+    "guided_json": "structured outputs (guided decoding)",
+    "guided_regex": "structured outputs (guided decoding)",
+    "guided_choice": "structured outputs (guided decoding)",
+    "guided_grammar": "structured outputs (guided decoding)",
+    "structured_outputs": "structured outputs (guided decoding)",
+    "use_beam_search": "beam search",
+    "prompt_logprobs": "prompt logprobs",
+    "allowed_token_ids": "'allowed_token_ids'",
+    "bad_words": "'bad_words'",
+    "truncate_prompt_tokens": "prompt truncation",
+}
+_VLLM_UNSUPPORTED_IN_CHAT = {
+    "continue_final_message": "continuing the final message",
+    "echo": "'echo' in chat",
+}
+
+
+def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None:
+    table = {**_VLLM_UNSUPPORTED, **(_VLLM_UNSUPPORTED_IN_CHAT if chat else {})}
+    for name, what in table.items():
+        if body.get(name) not in (None, False, "", [], {}):
+            raise not_supported(name, what)
 
 
 def _check_response_format(body: dict[str, Any]) -> None:

@@ -87,6 +87,27 @@ def test_unsupported_chat_features() -> None:
     assert parse_chat({"messages": msgs, "response_format": {"type": "text"}, "tools": []}, None).messages == msgs
 
 
+@pytest.mark.parametrize("field, value", [
+    ("guided_json", {"type": "object"}), ("guided_choice", ["yes", "no"]), ("guided_regex", "[a-z]+"),
+    ("structured_outputs", {"choice": ["a"]}), ("use_beam_search", True), ("prompt_logprobs", 1),
+    ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("truncate_prompt_tokens", 8)])
+def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
+    # Ignored, they would return ordinary output where the client asked for constrained output.
+    msgs = [{"role": "user", "content": "x"}]
+    for parse, body in ((parse_completion, {"prompt": "x"}), (parse_chat, {"messages": msgs})):
+        err = bad(parse, {**body, field: value})
+        assert err.param == field and err.code == "unsupported_parameter"
+        assert parse({**body, field: None}, None)  # the default value is accepted
+
+
+def test_chat_only_extensions_are_refused_in_chat() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    for field in ("continue_final_message", "echo"):
+        assert bad(parse_chat, {"messages": msgs, field: True}).param == field
+        assert parse_chat({"messages": msgs, field: False}, None).messages == msgs
+    assert parse_completion({"prompt": "x", "echo": True}, None).echo  # completions' echo is supported
+
+
 def test_unknown_fields_are_ignored() -> None:
     assert parse_completion({"prompt": "x", "frobnicate": 1, "metadata": {"a": 1}}, None).sampling == {"n": 1}
 
