@@ -92,7 +92,7 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
         for state in choices:
             text = call.echo_texts[state.index // call.n]
             state.text.append(text)
-            state.text_len = len(text)
+            state.next_text_offset = len(text)
     usage = Usage()
     try:
         async with _fanout(gateway, subs) as fan:
@@ -123,7 +123,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
                     await writer.send(chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
                 elif call.echo_texts is not None:
                     text = call.echo_texts[state.index // call.n]
-                    state.text_len = len(text)
+                    state.next_text_offset = len(text)
                     await writer.send(chunks.completion(state.index, text, None, None))
             try:
                 async for prompt_index, delta in fan:

@@ -18,7 +18,10 @@ class ChoiceState:
 
     index: int  # OpenAI index: prompt_index * n + choice index
     text: list[str] = field(default_factory=list)
-    text_len: int = 0
+    # completions' text_offset of the next token: the echoed prompt's length plus the lengths of
+    # the token strings listed so far, so streamed and unstreamed responses agree even when the
+    # engine held text back (an unfinished UTF-8 character, a possible stop string)
+    next_text_offset: int = 0
     finish_reason: str | None = None
     completion_tokens: int = 0
     token_count: int = 0
@@ -56,10 +59,10 @@ def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool) -> tuple[
             chunk_lp = chat_logprobs(delta.logprobs)
             state.chat_lp.extend(chunk_lp)
         else:
-            chunk_lp = completion_logprobs(delta.logprobs, state.text_len)
+            chunk_lp = completion_logprobs(delta.logprobs, state.next_text_offset)
             state.completion_lp.append(chunk_lp)
+            state.next_text_offset += sum(len(e.token) for e in delta.logprobs)
     state.text.append(delta.text)
-    state.text_len += len(delta.text)
     state.token_count += len(delta.token_ids)
     state.completion_tokens = max(state.completion_tokens, delta.completion_tokens)
     if delta.finish_reason:
