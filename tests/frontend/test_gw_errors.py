@@ -134,6 +134,8 @@ def test_non_json_is_415_and_bad_json_400(server) -> None:
     assert r.status == 400 and "JSON" in error_of(r)["message"]
     r = post(f"{server.url}/v1/completions", [1, 2])
     assert r.status == 400
+    r = http("POST", f"{server.url}/v1/completions", data=b'{"prompt": "x"}', headers={})  # no Content-Type: JSON
+    assert r.status == 200, r.body
 
 
 def test_messages_are_bounded_and_do_not_echo_input(server) -> None:
