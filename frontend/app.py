@@ -5,7 +5,8 @@ from aiohttp import web
 
 from kvserve.frontend import handlers_misc as misc
 from kvserve.frontend.handlers_openai import create_chat_completion, create_completion
-from kvserve.frontend.middleware import MIDDLEWARES
+from kvserve.frontend.cors import add_cors_headers, preflight
+from kvserve.frontend.middleware import auth, errors, observe
 from kvserve.frontend.state import GATEWAY, Gateway
 
 # Streams end within this after shutdown begins; their Triton requests are cancelled.
@@ -14,8 +15,11 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 def build_app(gateway: Gateway) -> web.Application:
     # client_max_size backs up the Content-Length check for chunked bodies.
-    app = web.Application(middlewares=MIDDLEWARES, client_max_size=gateway.config.max_request_body_bytes)
+    # CORS preflights are answered before the API-key check: browsers send them without the key.
+    app = web.Application(middlewares=[observe, errors, preflight, auth],
+                          client_max_size=gateway.config.max_request_body_bytes)
     app[GATEWAY] = gateway
+    app.on_response_prepare.append(add_cors_headers)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/models", misc.list_models, allow_head=False)

@@ -1,4 +1,4 @@
-"""aiohttp middlewares, outermost first:
+"""aiohttp middlewares, outermost first (app.py puts cors.preflight before `auth`):
 
 1. `observe`  - server span, request id, metrics by route template and status,
                 optional one-line request log (never the prompt);
@@ -152,5 +152,3 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         _TENANT.set(tenant)
     return await handler(request)
 
-
-MIDDLEWARES = [observe, errors, auth]

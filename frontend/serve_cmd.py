@@ -19,6 +19,7 @@ from pathlib import Path
 import kvserve.frontend
 from kvserve.frontend.app import build_app, start_app
 from kvserve.frontend.chat_template import resolve_template_arg
+from kvserve.frontend.cors_policy import add_cors_flags, cors_policy_from_args
 from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, ensure_default_model
 from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
     add_engine_flags(p)
     add_replica_flags(p)
+    add_cors_flags(p)
     return p
 
 
@@ -203,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=args.max_model_len if plan.remote else derive_max_model_len(model_dir, args.max_model_len),
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
+            cors=cors_policy_from_args(args),
             version=_version(),
             shutdown_timeout=args.shutdown_timeout,
         )

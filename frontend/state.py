@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
+from kvserve.frontend.cors_policy import CorsPolicy
 from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.tokenizer import GatewayTokenizer
@@ -35,6 +36,7 @@ class GatewayConfig:
     log_requests: bool = False
     version: str = "0.1.0"
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # in-flight requests get this long after SIGTERM
+    cors: CorsPolicy = field(default_factory=CorsPolicy)  # off unless origins are given
 
     def key_table(self) -> dict[str, str]:
         """Every accepted API key -> its tenant (empty: no authentication)."""
