@@ -12,6 +12,10 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 
+# Longer texts are tokenized without holding the GIL (and, in the gateway, off the event loop).
+LONG_TEXT_CHARS = 16_384
+
+
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -49,6 +53,11 @@ class ModelTokenizer:
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > LONG_TEXT_CHARS:
+            # `tokenizers` holds the GIL through encode() but not through encode_batch(): a
+            # megabyte of text takes ~1 s here, which froze every other thread of the host
+            # (its gRPC server and health checks included) for as long.
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -92,9 +92,9 @@ async def tokenize(request: web.Request) -> web.Response:
     prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
     if body.get("messages") is not None:
         messages = parse_messages(body["messages"])
-        ids = chat_prompt_ids(gateway, messages, True if add_gen is None else add_gen)
+        ids = await chat_prompt_ids(gateway, messages, True if add_gen is None else add_gen)
     elif prompt is not None:
-        ids = tok.encode(prompt, add_special_tokens=True if add_special is None else add_special)
+        ids = await tok.encode_async(prompt, add_special_tokens=True if add_special is None else add_special)
     else:
         raise bad_request("'prompt' or 'messages' is required", param="prompt")
     out: dict[str, Any] = {"count": len(ids), "max_model_len": gateway.config.max_model_len, "tokens": ids}

@@ -89,7 +89,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     return await respond(request, gateway, call, subs, req.stream)
 
 
-def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool) -> list[int]:
     tok = gateway.require_tokenizer()
     try:
         text = render_chat(
@@ -101,7 +101,7 @@ def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_promp
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
-    ids = tok.encode(text, add_special_tokens=False)
+    ids = await tok.encode_async(text, add_special_tokens=False)
     if not ids:
         raise bad_request("the rendered conversation is empty", param="messages")
     return ids
@@ -113,7 +113,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = parse_chat(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(req.sampling)
-    ids = chat_prompt_ids(gateway, req.messages, req.add_generation_prompt)
+    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt)
     _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
     await gateway.ensure_ready()
     rid = f"chatcmpl-{uuid.uuid4().hex}"

@@ -22,6 +22,7 @@ from kvserve.frontend.tokenizer import GatewayTokenizer
 DEFAULT_BLOCK_SIZE = 16
 _SLICE_CHARS_PER_TOKEN = 16  # generous: tokens rarely span more characters than this
 _STABLE_MARGIN = 4  # tokens beyond the block that must come out of the slice
+_WIDE_SLICE_FACTOR = 16
 
 KeyFunction = Callable[[GenerateRequest], "bytes | None"]
 
@@ -43,7 +44,13 @@ class PrefixKey:
             cut = self.block_size * _SLICE_CHARS_PER_TOKEN
             ids = self._tokenizer.encode(prompt[:cut], add_special_tokens=True)
             if len(prompt) > cut and len(ids) < self.block_size + _STABLE_MARGIN:
-                ids = self._tokenizer.encode(prompt, add_special_tokens=True)
+                # Runs of characters that make few tokens: one wider slice, never the whole
+                # prompt (this runs on the event loop; a megabyte takes a second). A prompt
+                # whose first block is not stable even then gets no affinity key.
+                wide = cut * _WIDE_SLICE_FACTOR
+                ids = self._tokenizer.encode(prompt[:wide], add_special_tokens=True)
+                if len(prompt) > wide and len(ids) < self.block_size + _STABLE_MARGIN:
+                    return None
         return list(ids[: self.block_size]) if len(ids) >= self.block_size else None
 
     def __call__(self, request: GenerateRequest) -> bytes | None:

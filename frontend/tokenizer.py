@@ -4,12 +4,16 @@ Hugging Face files declare. Reads only local files (no hub access).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
+
+# Longer texts are tokenized on a worker thread (as the engine's tokenizer does without the GIL).
+LONG_TEXT_CHARS = 16_384
 
 
 @dataclass(slots=True)
@@ -29,6 +33,14 @@ class GatewayTokenizer:
         # Rendered chat prompts already hold their special tokens as text; the
         # tokenizer's post-processor must not add a second BOS to them.
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    async def encode_async(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """encode() for request handlers: a long text (a megabyte takes ~1 s) is tokenized on a
+        worker thread, without the GIL, so the event loop keeps serving every other stream."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return self.encode(text, add_special_tokens=add_special_tokens)
+        batch = await asyncio.to_thread(self.tokenizer.encode_batch, [text], add_special_tokens=add_special_tokens)
+        return batch[0].ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -106,6 +106,24 @@ def test_prefix_key_of_text_matches_the_tokens_it_stands_for(llama_dir: str) -> 
     assert key(req("d", "short")) is None
 
 
+def test_prefix_key_never_tokenizes_a_whole_long_prompt_on_the_event_loop() -> None:
+    class FewTokens:  # a text whose characters make very few tokens (long runs)
+        def __init__(self, chars_per_token: int) -> None:
+            self.chars_per_token = chars_per_token
+            self.seen: list[int] = []
+
+        def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+            self.seen.append(len(text))
+            return list(range(len(text) // self.chars_per_token))
+
+    sparse = FewTokens(1000)
+    assert PrefixKey(sparse, block_size=16)(req("a", "x" * 2_000_000)) is None  # type: ignore[arg-type]
+    assert max(sparse.seen) < 10_000  # no stable first block within the wider slice: no key
+    denser = FewTokens(100)
+    assert PrefixKey(denser, block_size=16)(req("b", "x" * 2_000_000)) is not None  # type: ignore[arg-type]
+    assert max(denser.seen) < 10_000  # the wider slice holds enough tokens: keyed from it
+
+
 # ---- ReplicaSet ------------------------------------------------------------------------------
 def test_a_request_not_yet_started_moves_when_its_replica_fails() -> None:
     async def body() -> None:

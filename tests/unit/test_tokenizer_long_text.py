@@ -1,0 +1,61 @@
+"""A long prompt is tokenized without stopping everything else: the engine's tokenizer releases
+the GIL (the host's gRPC server and health checks keep answering), and the gateway tokenizes on
+a worker thread (its event loop keeps serving other streams). A megabyte takes about a second."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from kvserve.backend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
+from kvserve.frontend.tokenizer import load_tokenizer
+
+LONG = "many small words " * 60_000  # ~1 MB: about a second of tokenization on this machine
+MAX_STALL_S = 0.4  # the whole encode, held against everything else, is well above this
+
+
+def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
+    tok = ModelTokenizer(llama_dir)
+    assert LONG_TEXT_CHARS < len(LONG)
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            time.sleep(0.01)
+            gaps.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        ids = tok.encode(LONG)
+    finally:
+        done.set()
+        thread.join()
+    assert max(gaps) < MAX_STALL_S, max(gaps)
+    assert ids == tok._tok.encode(LONG, add_special_tokens=True).ids  # the same tokens as encode() gives
+
+
+def test_the_gateway_tokenizes_a_long_text_off_its_event_loop(llama_dir) -> None:
+    tok = load_tokenizer(llama_dir)
+
+    async def run() -> tuple[list[int], float]:
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                start = time.perf_counter()
+                await asyncio.sleep(0.01)
+                gaps.append(time.perf_counter() - start)
+
+        task = asyncio.create_task(ticker())
+        ids = await tok.encode_async(LONG, add_special_tokens=False)
+        stop.set()
+        await task
+        return ids, max(gaps)
+
+    ids, stall = asyncio.run(run())
+    assert stall < MAX_STALL_S, stall
+    assert ids == tok.encode(LONG, add_special_tokens=False)
