@@ -1,8 +1,9 @@
 """GRPCInferenceService (KServe v2) served with grpc.aio, as tritonserver serves it.
 
 Health, metadata, config and ModelInfer live here; ModelStreamInfer is in
-grpc_stream. RPCs not listed (statistics, shared memory, tracing, logging,
-explicit load/unload) answer UNIMPLEMENTED through the generated base class.
+grpc_stream. The other RPCs (statistics, shared memory, tracing, logging,
+explicit load/unload) answer UNIMPLEMENTED, saying that this host leaves them
+out, without an error line in the host's log for each call.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .pb_utils.dtypes import CONFIG_TO_WIRE
 from .pb_utils.errors import TritonError
 from .pb_utils.request import new_server_request
-from .repository import ModelRepository
+from .repository import ModelRepository, parse_version
 from .request_handle import Delivery, RequestHandle
 from .request_parse import parse_request
 
@@ -55,6 +56,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        if request.version:
+            try:
+                parse_version(request.version)  # a malformed version is an error, as in tritonserver
+            except InferError as exc:
+                await context.abort(exc.grpc_code, exc.message)
         return pb.ModelReadyResponse(ready=self._repo.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
@@ -141,3 +147,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return self._repo.lookup(name, version)
         except InferError as exc:
             await context.abort(exc.grpc_code, exc.message)
+
+
+UNIMPLEMENTED_RPCS = (
+    "ModelStatistics", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings",
+)
+
+
+def _unimplemented(name: str):  # type: ignore[no-untyped-def]
+    async def rpc(self: InferenceServicer, request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not implemented by kvserve's embedded host (tritonserver has it)")
+    rpc.__name__ = name
+    return rpc
+
+
+for _name in UNIMPLEMENTED_RPCS:
+    setattr(InferenceServicer, _name, _unimplemented(_name))

@@ -207,19 +207,23 @@ class HostMetrics:
     def _add(self, fam: Family, labels: dict[str, str], value: float) -> None:
         self._store.increment(fam, self._store.series(fam, labels), value)
 
-    def request_done(self, model: str, version: str, failure_reason: str | None, duration_us: float) -> None:
+    def request_done(self, model: str, version: str, failure_reason: str | None, duration_us: float,
+                     queue_us: float) -> None:
+        """As tritonserver: a failed (or cancelled) request moves only the failure counter; the
+        inference count and the duration counters are those of successful requests, so that
+        duration / success is the mean latency of a request that succeeded."""
         labels = {"model": model, "version": version}
-        if failure_reason is None:
-            self._add(self.success, labels, 1)
-        else:
+        if failure_reason is not None:
             self._add(self.failure, {**labels, "reason": failure_reason}, 1)
+            return
+        self._add(self.success, labels, 1)
+        self._add(self.count, labels, 1)
         self._add(self.duration, labels, max(0, int(duration_us)))  # whole us, like tritonserver
-
-    def executed(self, model: str, version: str, batch: int, queue_us: float) -> None:
-        labels = {"model": model, "version": version}
-        self._add(self.exec_count, labels, 1)
-        self._add(self.count, labels, batch)
         self._add(self.queue, labels, max(0, int(queue_us)))
+
+    def executed(self, model: str, version: str) -> None:
+        """One call of the model's execute() (with a batch of one or more requests)."""
+        self._add(self.exec_count, {"model": model, "version": version}, 1)
 
     def pending_delta(self, model: str, version: str, delta: int) -> None:
         self._add(self.pending, {"model": model, "version": version}, delta)

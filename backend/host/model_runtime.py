@@ -149,8 +149,9 @@ class ModelRuntime:
             batch.append(item)
         now = time.monotonic_ns()
         self.metrics.pending_delta(self.name, self.version_str, -len(batch))
-        self.metrics.executed(self.name, self.version_str, len(batch),
-                              sum(now - p.enqueued_ns for p in batch) / 1000.0)
+        self.metrics.executed(self.name, self.version_str)
+        for pending in batch:
+            pending.handle.queue_us = (now - pending.enqueued_ns) / 1000.0
         return batch
 
     def shutdown(self, timeout: float = 30.0) -> None:

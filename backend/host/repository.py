@@ -34,6 +34,15 @@ class ModelEntry:
         return sorted(v for v, rt in self.versions.items() if rt.state == ModelState.READY)
 
 
+def parse_version(version: str) -> int:
+    """A request's model version string as a number; INVALID_ARG (tritonserver's message) otherwise."""
+    if not version.isdigit():  # no sign, no spaces: "-1", "abc" and "1.0" are all refused
+        raise InferError(TritonError.INVALID_ARG,
+                         f"failed to get model version from specified version string '{version}', "
+                         "version should be an integral value > 0")
+    return int(version)
+
+
 class ModelRepository:
     def __init__(self, root: str | Path, metrics: HostMetrics) -> None:
         self.root = Path(root).resolve()
@@ -80,14 +89,7 @@ class ModelRepository:
                 raise InferError(TritonError.UNAVAILABLE,
                                  f"Request for unknown model: '{name}' has no available versions")
             return entry.versions[ready[-1]]
-        try:
-            number = int(version)
-            if number < 0:
-                raise ValueError("negative")
-        except ValueError as exc:
-            raise InferError(TritonError.INVALID_ARG,
-                             f"failed to get model version from specified version string '{version}' "
-                             f"(details: {exc}), version should be an integral value > 0") from None
+        number = parse_version(version)
         runtime = entry.versions.get(number)
         if runtime is None:
             raise InferError(TritonError.NOT_FOUND,

@@ -55,6 +55,7 @@ class RequestHandle:
         self._saw_error = False
         self._done = False
         self.start_ns = time.monotonic_ns()
+        self.queue_us = 0.0  # set when an instance picks the request up
 
     # ---- ResponseSink ----
 
@@ -101,6 +102,6 @@ class RequestHandle:
         reason = "CANCELED" if self.is_cancelled() else ("BACKEND" if self._saw_error else None)
         duration_us = (time.monotonic_ns() - self.start_ns) / 1000.0
         try:
-            self._metrics.request_done(self.model_name, self.model_version, reason, duration_us)
+            self._metrics.request_done(self.model_name, self.model_version, reason, duration_us, self.queue_us)
         except Exception:  # metrics must never break a response
             _LOG.exception("failed to record request metrics")

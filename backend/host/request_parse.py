@@ -73,7 +73,12 @@ def _validate_inputs(config: mc.ModelConfig, tensors: Sequence[pb.ModelInferRequ
                      rid: str) -> None:
     model = config.name
     specs = {i.name: i for i in config.input}
+    seen: set[str] = set()
     for tensor in tensors:
+        if tensor.name in seen:
+            raise InferError(TritonError.INVALID_ARG,
+                             f"[request id: {rid}] input '{tensor.name}' already exists in request")
+        seen.add(tensor.name)
         spec = specs.get(tensor.name)
         if spec is None:
             raise InferError(TritonError.INVALID_ARG,

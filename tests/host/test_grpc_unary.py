@@ -38,6 +38,10 @@ def test_liveness_and_strict_readiness(host: HostHandle, client: grpcclient.Infe
     assert [client.is_model_ready(m) for m in ("add_sub", "echo", "repeat")] == [True, True, True]
     assert not client.is_model_ready("failing") and not client.is_model_ready("no_such_model")
     assert client.is_model_ready("echo", "1") and not client.is_model_ready("echo", "2")
+    for bad_version in ("abc", "-1"):  # malformed, not merely absent: INVALID_ARGUMENT, as tritonserver
+        with pytest.raises(InferenceServerException, match="version should be an integral value") as err:
+            client.is_model_ready("echo", bad_version)
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert http_get(f"http://{host.host}:{host.metrics_port}/v2/health/live")[0] == 200
     assert http_get(f"http://{host.host}:{host.metrics_port}/v2/health/ready")[0] == 400
     index = {m.name: m for m in client.get_model_repository_index().models}
@@ -134,12 +138,26 @@ def test_requests_are_validated_against_the_config(client: grpcclient.InferenceS
     short.set_data_from_numpy(np.zeros(3, np.float32))
     with pytest.raises(InferenceServerException, match=r"Expected \[4\], got \[3\]"):
         client.infer("add_sub", [one, short])
+    twice = grpcclient.InferInput("INPUT0", [4], "FP32")
+    twice.set_data_from_numpy(np.ones(4, np.float32))
+    with pytest.raises(InferenceServerException, match="input 'INPUT0' already exists in request"):
+        client.infer("add_sub", [one, twice, short])  # as tritonserver: never silently pick one of them
     with pytest.raises(InferenceServerException) as unknown:
         client.infer("no_such_model", [one])
     assert unknown.value.status() == "StatusCode.NOT_FOUND"
     with pytest.raises(InferenceServerException) as unavailable:
         client.infer("failing", [one])
     assert unavailable.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_rpcs_this_host_leaves_out_say_so(client: grpcclient.InferenceServerClient, caplog) -> None:
+    with caplog.at_level("ERROR"):
+        for call in (lambda: client.get_inference_statistics("echo"), lambda: client.load_model("echo"),
+                     lambda: client.get_system_shared_memory_status()):
+            with pytest.raises(InferenceServerException, match="not implemented by kvserve's embedded host") as err:
+                call()
+            assert err.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no error line per call
 
 
 def test_request_parameters_and_ids_reach_the_model(client: grpcclient.InferenceServerClient) -> None:
@@ -160,11 +178,23 @@ def test_metrics_port_serves_model_and_host_metrics(host: HostHandle, client: gr
     before = metrics_text(host)
     for _ in range(3):
         client.infer("echo", [_text_input([b"m"])])
+    with pytest.raises(InferenceServerException):
+        client.infer("echo", [_text_input([b"error"])])
     after = metrics_text(host)
     assert "# TYPE echo_requests_total counter" in after
     assert metric_value(after, "echo_requests_total", model="echo") == \
-        metric_value(before, "echo_requests_total", model="echo") + 3
+        metric_value(before, "echo_requests_total", model="echo") + 4  # the model's own counter saw all four
     assert metric_value(after, "nv_inference_request_success", model="echo", version="1") == \
         metric_value(before, "nv_inference_request_success", model="echo", version="1") + 3
     assert metric_value(after, "nv_inference_request_failure", model="echo", reason="BACKEND", version="1") >= 2
+
+    def delta(name: str) -> float:
+        return metric_value(after, name, model="echo", version="1") - metric_value(before, name, model="echo", version="1")
+
+    # As tritonserver: the failure moves only the failure counter; counts and durations are the
+    # successful requests' (so duration / success is their mean latency); all four executed.
+    assert delta("nv_inference_count") == 3 and delta("nv_inference_exec_count") == 4
+    assert delta("nv_inference_request_duration_us") > 0 and delta("nv_inference_queue_duration_us") >= 0
+    assert metric_value(after, "nv_inference_request_failure", model="echo", reason="BACKEND", version="1") == \
+        metric_value(before, "nv_inference_request_failure", model="echo", reason="BACKEND", version="1") + 1
     assert http_get(f"http://{host.host}:{host.metrics_port}/nope")[0] == 404
