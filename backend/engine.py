@@ -50,6 +50,7 @@ class _Group:
     traceparent: str | None = None
     finished_children: int = 0
     finish_reasons: list[str] = field(default_factory=list)
+    prefilled: bool = False  # its prompt tokens were counted (once per request, whatever n)
 
 
 class LLMEngine:
@@ -124,7 +125,6 @@ class LLMEngine:
             group.children.append(seq.request.request_id)
             self.scheduler.add_request(seq.request)
         self.groups[request_id] = group
-        self.prompt_tokens_total += len(ids) * params.n
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its final (aborted) output."""
@@ -194,11 +194,20 @@ class LLMEngine:
                 self._drop_group(group)
         return outputs
 
+    def _count_prompt_tokens(self, seq: _Sequence) -> None:
+        # At the first token, not on arrival: a request aborted while it waited was never
+        # prefilled, and n > 1 samples share one prompt (as the response's usage counts it).
+        group = self.groups[seq.parent_id]
+        if not group.prefilled:
+            group.prefilled = True
+            self.prompt_tokens_total += len(group.prompt_token_ids)
+
     def _append_token(self, seq: _Sequence, tok, now: float) -> RequestStatus | None:
         req, params = seq.request, seq.request.sampling_params
         req.output_token_ids.append(tok.token_id)
         if req.times.first_token is None:
             req.times.first_token = now
+            self._count_prompt_tokens(seq)
         else:
             self.recent_itl.append(now - req.times.last_token)
         req.times.last_token = now

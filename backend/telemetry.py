@@ -71,7 +71,8 @@ class EngineTelemetry:
                             scheduled_ns=_ns(rm.first_scheduled), first_token_ns=_ns(rm.first_token),
                             preempted_ns=[_ns(t) for t in rm.preemptions]),
             {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
-             sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens},
+             sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
+             sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens},
             finish_reason=reason, error=out.error)
 
 

@@ -116,8 +116,10 @@ def model_repository(args: argparse.Namespace) -> str:
     return str(Path(kvserve.frontend.__file__).resolve().parent.parent / "model_repository")
 
 
-def start_host(args: argparse.Namespace, model_dir: Path) -> tuple[HostProcess, TritonBackendClient]:
-    env = {**os.environ, **engine_env(args), "KVSERVE_MODEL": str(model_dir.resolve()), "PYTHONUNBUFFERED": "1"}
+def start_host(args: argparse.Namespace, model_dir: Path, served_name: str) -> tuple[HostProcess, TritonBackendClient]:
+    # The engine names the model in its spans (gen_ai.request.model) as clients call it.
+    env = {"KVSERVE_SERVED_MODEL_NAME": served_name, **os.environ, **engine_env(args),
+           "KVSERVE_MODEL": str(model_dir.resolve()), "PYTHONUNBUFFERED": "1"}
     host = HostProcess(host_command(model_repository(args), free_port(), free_port()), env)
     address = host.start(args.startup_timeout)
     client = TritonBackendClient(address.grpc, model_name=args.triton_model_name,
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = plan.model_dir
         else:
             model_dir = plan.model_dir or ensure_default_model()
-            child, backend = start_host(args, model_dir)
+            child, backend = start_host(args, model_dir, plan.served_names[0])
         tokenizer_dir = plan.tokenizer_dir or model_dir
         tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
         if plan.remote:

@@ -123,6 +123,10 @@ class ClientSpan:
             self.span.set_attribute("rpc.grpc.status_code", grpc_code)
         if error is not None:
             self.span.set_status(Status(StatusCode.ERROR, error[:256]))
+        elif grpc_code not in (None, GRPC_OK):
+            # OpenTelemetry's gRPC conventions: a client span is an error for every code but OK
+            # (CANCELLED included: the gateway cancels the call when its HTTP client leaves).
+            self.span.set_status(Status(StatusCode.ERROR, f"gRPC status {grpc_code}"))
         self.span.end()
 
 

@@ -70,7 +70,8 @@ C, G, H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
 NUM_REQUESTS_RUNNING = MetricSpec("kvserve:num_requests_running", G, "Number of requests in the running batch.")
 NUM_REQUESTS_WAITING = MetricSpec("kvserve:num_requests_waiting", G, "Number of requests waiting to be scheduled.")
 KV_CACHE_USAGE_PERC = MetricSpec("kvserve:kv_cache_usage_perc", G, "KV-cache block usage; 1 means 100 percent.")
-PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C, "Number of prefill tokens processed.")
+PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C,
+                           "Number of prefill tokens processed: each request's prompt once its prefill is done.")
 GENERATION_TOKENS = MetricSpec("kvserve:generation_tokens_total", C, "Number of generation tokens produced.")
 REQUEST_SUCCESS = MetricSpec("kvserve:request_success_total", C, "Number of finished requests, by finish reason.",
                              labels=("finished_reason",))
@@ -96,7 +97,10 @@ HTTP_REQUESTS = MetricSpec("kvserve:http_requests_total", C, "HTTP requests hand
 HTTP_REQUEST_DURATION = MetricSpec("kvserve:http_request_duration_seconds", H,
                                    "HTTP request duration including the whole stream, in seconds.",
                                    labels=("route",), buckets=HTTP_DURATION_BUCKETS)
-HTTP_STREAMS_IN_FLIGHT = MetricSpec("kvserve:http_streams_in_flight", G, "SSE streams currently open.")
+HTTP_STREAMS_IN_FLIGHT = MetricSpec(
+    "kvserve:http_streams_in_flight", G,
+    "SSE responses currently open; a streamed request opens its response with its first token "
+    "(until then it waits in the engine's queue: see num_requests_waiting).")
 
 # --- gateway router (only when it balances several replicas; frontend/replicas.py) ---
 ROUTER_REQUESTS = MetricSpec("kvserve:router_requests_total", C,

@@ -11,9 +11,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
 
 from . import metrics as m
+
+# No `*_created` sample beside every counter and histogram (prometheus_client's default): a
+# gauge family per metric that nobody graphs, and vLLM turns it off too.
+disable_created_metrics()
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -46,6 +46,29 @@ def test_engine_flags_become_kvserve_env_vars() -> None:
                                              "KVSERVE_MAX_NUM_BATCHED_TOKENS", "KVSERVE_KV_CACHE_DTYPE"}
 
 
+def test_the_engine_learns_the_name_clients_use(monkeypatch, tmp_path: Path) -> None:
+    # Its spans carry gen_ai.request.model: the served name, not Triton's model name ("llm").
+    from kvserve.frontend import serve_cmd  # noqa: PLC0415
+    from kvserve.frontend.host_process import HostAddress  # noqa: PLC0415
+
+    seen: list[dict[str, str]] = []
+
+    class Recorder:
+        def __init__(self, command: list[str], env: dict[str, str]) -> None:
+            seen.append(env)
+
+        def start(self, timeout_s: float) -> HostAddress:
+            return HostAddress(grpc="127.0.0.1:1", metrics="127.0.0.1:2")
+
+    monkeypatch.setattr(serve_cmd, "HostProcess", Recorder)
+    monkeypatch.delenv("KVSERVE_SERVED_MODEL_NAME", raising=False)
+    serve_cmd.start_host(parse(), tmp_path, "kvserve-tiny")
+    serve_cmd.start_host(parse("--served-model-name", "mine"), tmp_path, "mine")
+    monkeypatch.setenv("KVSERVE_SERVED_MODEL_NAME", "from-env")  # the user's own setting wins
+    serve_cmd.start_host(parse(), tmp_path, "kvserve-tiny")
+    assert [env["KVSERVE_SERVED_MODEL_NAME"] for env in seen] == ["kvserve-tiny", "mine", "from-env"]
+
+
 def test_flag_values_are_checked() -> None:
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1073741824") == 1 << 30 and parse_bytes("1.5k") == 1536
     for argv in (["--max-num-seqs", "0"], ["--gpu-memory-utilization", "1.5"], ["--kv-cache-memory", "lots"],

@@ -72,3 +72,4 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
     # One exposition: the gateway's families first, then the backend's, each declared once.
     assert text.index("# TYPE kvserve:http_requests_total") < text.index("# TYPE kvserve:prompt_tokens_total")
     assert text.count("# TYPE kvserve:prompt_tokens_total") == 1
+    assert "_created" not in text  # no creation-time gauge beside each counter and histogram

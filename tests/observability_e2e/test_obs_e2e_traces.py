@@ -71,6 +71,8 @@ def test_streamed_chat_is_one_trace_with_client_parent_and_gen_ai_attributes(tra
     assert client.start_ns >= server.start_ns and client.end_ns <= server.end_ns
 
     b = llm.attributes
+    assert b["gen_ai.request.model"] == MODEL  # the name clients call it by, not Triton's model name
+    assert b["kvserve.prefix_cache.hit_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
     assert b["gen_ai.usage.output_tokens"] == 12 and b["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert b["gen_ai.response.finish_reasons"] == ("length",) and b["kvserve.num_preemptions"] == 0
     names = [e.name for e in llm.events]

@@ -96,6 +96,19 @@ def test_a_stop_string_before_min_tokens_neither_stops_nor_cuts_the_text(llm):
     assert _all_free(llm)
 
 
+def test_prompt_tokens_are_counted_once_a_request_is_prefilled(llm):
+    engine = llm.engine
+    before = engine.prompt_tokens_total
+    params = SamplingParams(max_tokens=2, temperature=0.8, seed=1, n=3)
+    engine.add_request("counted", [5, 6, 7, 8, 9], params)
+    engine.add_request("dropped", [5, 6, 7, 8, 9, 10, 11], SamplingParams(max_tokens=2))
+    engine.abort("dropped")  # left before it was ever scheduled: never prefilled
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.prompt_tokens_total - before == 5  # once for the n=3 request, as its usage says
+    assert _all_free(llm)
+
+
 def test_min_tokens_max_tokens_and_logprobs(llm):
     out = llm.generate("Hi", SamplingParams(max_tokens=7, min_tokens=7, temperature=0, logprobs=3))[0].outputs[0]
     assert len(out.token_ids) == 7 and out.finish_reason == "length"
