@@ -26,7 +26,7 @@ from opentelemetry import trace
 from kvserve.frontend.errors import ApiError, internal_error
 from kvserve.frontend.openapi import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS
 from kvserve.frontend.state import GATEWAY
-from kvserve.frontend.tracing_seam import ServerSpan, start_server_span
+from kvserve.frontend.tracing_seam import UNMATCHED_ROUTE, ServerSpan, start_server_span
 from kvserve.observability.logging import request_context
 
 log = logging.getLogger("kvserve.frontend.http")
@@ -45,7 +45,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 def route_template(request: web.Request) -> str:
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "unmatched"
+    return resource.canonical if resource is not None else UNMATCHED_ROUTE
 
 
 def request_id() -> str:

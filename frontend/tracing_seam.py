@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from kvserve.observability import semconv as sc
 from kvserve.observability.tracing import extract_context, get_tracer, inject_traceparent
 
+UNMATCHED_ROUTE = "unmatched"  # the route label of a request no route matched (a 404)
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -42,7 +43,9 @@ class ServerSpan:
 
     def set_status(self, status: int) -> None:
         self.span.set_attribute("http.response.status_code", status)
-        if status >= 500:
+        if status >= 400:
+            self.span.set_attribute("error.type", str(status))
+        if status >= 500:  # a server span is an error only for 5xx (HTTP conventions)
             self.span.set_status(Status(StatusCode.ERROR))
 
     def end(self) -> None:
@@ -55,11 +58,24 @@ def start_server_span(request: web.Request, route: str) -> ServerSpan:
     carrier = {"traceparent": incoming} if incoming else {}
     if incoming and "tracestate" in request.headers:
         carrier["tracestate"] = request.headers["tracestate"][:512]
+    attributes: dict[str, Any] = {
+        "http.request.method": request.method, "url.path": request.path[:256], "url.scheme": request.scheme,
+        "network.protocol.version": f"{request.version.major}.{request.version.minor}",
+    }
+    host, _, port = (request.host or "").rpartition(":")
+    if host and port.isdigit():
+        attributes.update({"server.address": host[:256], "server.port": int(port)})
+    elif request.host:
+        attributes["server.address"] = request.host[:256]
+    if request.headers.get("User-Agent"):
+        attributes["user_agent.original"] = request.headers["User-Agent"][:256]
+    if route != UNMATCHED_ROUTE:  # no route matched: the name is the method alone, and no http.route
+        attributes["http.route"] = route
     span = get_tracer().start_span(
-        f"{request.method} {route}",
+        f"{request.method} {route}" if route != UNMATCHED_ROUTE else request.method,
         context=extract_context(carrier),
         kind=SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "http.route": route, "url.path": request.path[:256]},
+        attributes=attributes,
     )
     return ServerSpan(span=span, incoming=incoming)
 
