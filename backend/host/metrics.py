@@ -180,6 +180,10 @@ REGISTRY = CollectorRegistry(auto_describe=False)
 REGISTRY.register(_StoreCollector(STORE))  # type: ignore[arg-type]
 
 
+# tritonserver's nv_inference_request_failure reasons.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
 class HostMetrics:
     """tritonserver's per-model inference metrics (names and labels as tritonserver's)."""
 
@@ -220,6 +224,15 @@ class HostMetrics:
         self._add(self.count, labels, 1)
         self._add(self.duration, labels, max(0, int(duration_us)))  # whole us, like tritonserver
         self._add(self.queue, labels, max(0, int(queue_us)))
+
+    def model_loaded(self, model: str, version: str) -> None:
+        """Every per-model series at 0 once the model is ready, as tritonserver exports them,
+        so rate() and absent() work before the first request."""
+        labels = {"model": model, "version": version}
+        for fam in (self.success, self.count, self.exec_count, self.duration, self.queue, self.pending):
+            self._store.series(fam, labels)
+        for reason in FAILURE_REASONS:
+            self._store.series(self.failure, {**labels, "reason": reason})
 
     def executed(self, model: str, version: str) -> None:
         """One call of the model's execute() (with a batch of one or more requests)."""

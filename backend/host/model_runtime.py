@@ -87,6 +87,7 @@ class ModelRuntime:
                 self._stop_instances(timeout=30.0)
                 raise ConfigError("failed to initialize " + "; ".join(errors))
             self.state = ModelState.READY
+            self.metrics.model_loaded(self.name, self.version_str)
             _LOG.info("successfully loaded '%s' version %s", self.name, self.version)
         except Exception as exc:
             self.state = ModelState.UNAVAILABLE
