@@ -38,7 +38,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""        # all decoded output text so far
         self.emitted = 0      # characters of self.text already handed to the client
-        self._max_stop = max((len(s) for s in stop), default=0)
+        self.checked = 0      # characters of self.text no new stop match may end in (searched, or before min_tokens)
 
     def add_tokens(self, new_ids: list[int], finished: bool = False, check_stop: bool = True) -> DetokenizerResult:
         """The new text to hand out. `check_stop=False` while the request has not yet reached
@@ -50,6 +50,7 @@ class IncrementalDetokenizer:
                 match = self._find_stop()
                 if match is not None:
                     return match
+            self.checked = len(self.text)
         # Hold back what could still grow into a stop string, unless nothing more will come.
         hold = 0 if finished else self._stop_prefix_len()
         end = len(self.text) - hold
@@ -67,11 +68,11 @@ class IncrementalDetokenizer:
         return full[len(prefix):]
 
     def _find_stop(self) -> DetokenizerResult | None:
-        # Only text not yet emitted can hold a new match (plus the longest stop string's reach).
-        search_from = max(0, self.emitted - self._max_stop + 1)
+        # Only a match that ends in the text not checked yet is new: one that ended earlier was
+        # found then, or came before min_tokens and must not count (as vLLM).
         best: tuple[int, str] | None = None
         for s in self.stop:
-            i = self.text.find(s, search_from)
+            i = self.text.find(s, max(0, self.checked - len(s) + 1))
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:

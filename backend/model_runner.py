@@ -64,7 +64,9 @@ class ModelRunner:
         threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
         if threads is not None:
             torch.set_num_threads(threads)
-            log.info("engine uses %d CPU thread(s) (%d core(s) reserved)", threads, config.cpu_reserved_cores)
+            if config.num_threads and config.cpu_reserved_cores:
+                log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
+            log.info("engine uses %d CPU thread(s)", threads)
         self.device = resolve_device(config.device)
         arch = ArchConfig.from_model_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)

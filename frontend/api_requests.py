@@ -102,7 +102,9 @@ _VLLM_UNSUPPORTED_IN_CHAT = {
 def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None:
     table = {**_VLLM_UNSUPPORTED, **(_VLLM_UNSUPPORTED_IN_CHAT if chat else {})}
     for name, what in table.items():
-        if body.get(name) not in (None, False, "", [], {}):
+        value = body.get(name)
+        unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
+        if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
             raise not_supported(name, what)
 
 

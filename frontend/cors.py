@@ -49,4 +49,6 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
     origin = request.headers.get("Origin")
     if policy.enabled and origin and "Access-Control-Allow-Origin" not in response.headers:
         for name, value in policy.response_headers(origin).items():
+            if name == "Vary" and response.headers.get("Vary"):
+                value = f"{response.headers['Vary']}, {value}"  # keep what the response varies on already
             response.headers[name] = value

@@ -176,8 +176,11 @@ class ReplicaSet:
     async def _health_round(self) -> None:
         try:
             await self._discover()
-        except Exception:  # keep checking the replicas we have
-            log.exception("replica discovery failed")
+        except Exception as exc:  # keep checking the replicas we have
+            # The reason in the line itself (a DNS or file error about the operator's own
+            # configuration): above DEBUG the log shows an exception's type only.
+            log.error("replica discovery failed: %r", exc)
+            log.debug("replica discovery failure", exc_info=True)
         await asyncio.gather(*(self._check(r) for r in list(self._replicas)))
 
     async def _shared_round(self) -> None:

@@ -33,9 +33,11 @@ def _too_large(limit: int) -> ApiError:
 
 async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
     ctype = request.content_type
-    # No Content-Type at all is read as JSON (as vLLM's FastAPI does); a different one is refused.
-    declared = "Content-Type" in request.headers
-    if declared and ctype != "application/json" and not ctype.endswith("+json"):
+    # No Content-Type at all is read as JSON (as vLLM's FastAPI does) for clients such as curl
+    # and the SDKs; not from a web page (it sends Origin): there it is the mark of a "simple"
+    # cross-site request, which browsers send without a CORS preflight.
+    lenient = "Content-Type" not in request.headers and "Origin" not in request.headers
+    if not lenient and ctype != "application/json" and not ctype.endswith("+json"):
         raise ApiError(415, "Content-Type must be application/json", code="unsupported_media_type")
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)  # refuse before reading a byte of it

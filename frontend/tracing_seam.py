@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from kvserve.observability import semconv as sc
 from kvserve.observability.tracing import extract_context, get_tracer, inject_traceparent
 
-UNMATCHED_ROUTE = "unmatched"  # the route label of a request no route matched (a 404)
+UNMATCHED_ROUTE = "unmatched"  # the route label of a request no route took (404, 405, CORS preflight)
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -43,9 +43,8 @@ class ServerSpan:
 
     def set_status(self, status: int) -> None:
         self.span.set_attribute("http.response.status_code", status)
-        if status >= 400:
+        if status >= 500:  # a server span is an error only for 5xx; a 4xx is the client's (HTTP conventions)
             self.span.set_attribute("error.type", str(status))
-        if status >= 500:  # a server span is an error only for 5xx (HTTP conventions)
             self.span.set_status(Status(StatusCode.ERROR))
 
     def end(self) -> None:

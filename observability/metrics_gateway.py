@@ -16,9 +16,6 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 
 from . import metrics as m
 
-# No `*_created` sample beside every counter and histogram (prometheus_client's default): a
-# gauge family per metric that nobody graphs, and vLLM turns it off too.
-disable_created_metrics()
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -45,6 +42,10 @@ class GatewayMetrics:
     (``/v1/chat/completions``), never the raw path, to bound cardinality."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # No `*_created` sample beside every counter and histogram (prometheus_client's default:
+        # a gauge family per metric that nobody graphs; vLLM turns it off too). Process-wide, so
+        # only a process that serves the gateway's /metrics does it.
+        disable_created_metrics()
         self.registry = registry if registry is not None else CollectorRegistry()
         metrics = prometheus_metrics(m.GATEWAY_METRICS, self.registry)
         self._requests = metrics[m.HTTP_REQUESTS.name]

@@ -36,7 +36,7 @@ class ModelEntry:
 
 def parse_version(version: str) -> int:
     """A request's model version string as a number; INVALID_ARG (tritonserver's message) otherwise."""
-    if not version.isdigit():  # no sign, no spaces: "-1", "abc" and "1.0" are all refused
+    if not (version.isascii() and version.isdigit()):  # "-1", "abc", "1.0", " 1" and "²" are refused
         raise InferError(TritonError.INVALID_ARG,
                          f"failed to get model version from specified version string '{version}', "
                          "version should be an integral value > 0")

@@ -136,6 +136,9 @@ def test_non_json_is_415_and_bad_json_400(server) -> None:
     assert r.status == 400
     r = http("POST", f"{server.url}/v1/completions", data=b'{"prompt": "x"}', headers={})  # no Content-Type: JSON
     assert r.status == 200, r.body
+    # ...but not from a web page: a body without Content-Type is how a page posts cross-site unasked
+    r = http("POST", f"{server.url}/v1/completions", data=b'{"prompt": "x"}', headers={"Origin": "https://a.example"})
+    assert r.status == 415
 
 
 def test_messages_are_bounded_and_do_not_echo_input(server) -> None:

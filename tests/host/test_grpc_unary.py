@@ -38,7 +38,7 @@ def test_liveness_and_strict_readiness(host: HostHandle, client: grpcclient.Infe
     assert [client.is_model_ready(m) for m in ("add_sub", "echo", "repeat")] == [True, True, True]
     assert not client.is_model_ready("failing") and not client.is_model_ready("no_such_model")
     assert client.is_model_ready("echo", "1") and not client.is_model_ready("echo", "2")
-    for bad_version in ("abc", "-1"):  # malformed, not merely absent: INVALID_ARGUMENT, as tritonserver
+    for bad_version in ("abc", "-1", "\u00b2"):  # malformed, not merely absent: INVALID_ARGUMENT, as tritonserver
         with pytest.raises(InferenceServerException, match="version should be an integral value") as err:
             client.is_model_ready("echo", bad_version)
         assert err.value.status() == "StatusCode.INVALID_ARGUMENT"

@@ -68,3 +68,17 @@ def test_stop_strings_are_not_checked_while_told_not_to(tok):
             stopped = r.stop_string
             break
     assert stopped == "two" and text == "one two one "
+
+
+def test_a_stop_string_before_min_tokens_is_not_found_later_beside_a_longer_one(tok):
+    # The search must not look back into text that was not to be checked (the window of the
+    # longest stop string reached back to the short one's earlier occurrence).
+    ids = tok.encode("one two three four five six seven", add_special_tokens=False)
+    for stops in (["two"], ["two", "a much longer stop string"]):
+        d = IncrementalDetokenizer(tok, [], stops, False, True)
+        text = ""
+        for n, t in enumerate(ids, start=1):
+            r = d.add_tokens([t], check_stop=n >= 8)  # "two" was complete by token 4
+            text += r.text_delta
+            assert r.stop_string is None, (stops, n)
+        assert text + d.add_tokens([], finished=True).text_delta == "one two three four five six seven"

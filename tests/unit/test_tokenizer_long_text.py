@@ -11,7 +11,19 @@ from kvserve.backend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
 from kvserve.frontend.tokenizer import load_tokenizer
 
 LONG = "many small words " * 60_000  # ~1 MB: about a second of tokenization on this machine
-MAX_STALL_S = 0.4  # the whole encode, held against everything else, is well above this
+
+
+def _held_encode_s(tok) -> float:
+    """How long one encode of LONG takes: what a stall would be if it held everything up."""
+    start = time.perf_counter()
+    tok.encode_batch([LONG])
+    return time.perf_counter() - start
+
+
+def _max_stall(encode_s: float) -> float:
+    # A quarter of the encode (several hundred ms): a scheduler hiccup on a busy 2-core machine
+    # stays below it, a stall for the whole encode does not, on a machine of any speed.
+    return 0.25 * encode_s
 
 
 def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
@@ -26,6 +38,7 @@ def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
             time.sleep(0.01)
             gaps.append(time.perf_counter() - start)
 
+    limit = _max_stall(_held_encode_s(tok._tok))
     thread = threading.Thread(target=ticker)
     thread.start()
     try:
@@ -33,7 +46,7 @@ def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
     finally:
         done.set()
         thread.join()
-    assert max(gaps) < MAX_STALL_S, max(gaps)
+    assert max(gaps) < limit, (max(gaps), limit)
     assert ids == tok._tok.encode(LONG, add_special_tokens=True).ids  # the same tokens as encode() gives
 
 
@@ -56,6 +69,7 @@ def test_the_gateway_tokenizes_a_long_text_off_its_event_loop(llama_dir) -> None
         await task
         return ids, max(gaps)
 
+    limit = _max_stall(_held_encode_s(tok.tokenizer))
     ids, stall = asyncio.run(run())
-    assert stall < MAX_STALL_S, stall
+    assert stall < limit, (stall, limit)
     assert ids == tok.encode(LONG, add_special_tokens=False)
