@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ANY = "*"
 
@@ -14,10 +14,6 @@ class CorsPolicy:
     methods: tuple[str, ...] = (ANY,)
     headers: tuple[str, ...] = (ANY,)
     allow_credentials: bool = False
-    _methods_upper: frozenset[str] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_methods_upper", frozenset(m.upper() for m in self.methods))
 
     @property
     def enabled(self) -> bool:
@@ -31,7 +27,7 @@ class CorsPolicy:
         return origin if origin in self.origins else None
 
     def allows_method(self, method: str) -> bool:
-        return ANY in self.methods or method.upper() in self._methods_upper
+        return ANY in self.methods or method.upper() in (m.upper() for m in self.methods)  # preflights only
 
     def allow_headers(self, requested: str) -> str:
         return requested if ANY in self.headers else ", ".join(self.headers)

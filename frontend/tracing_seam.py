@@ -68,10 +68,11 @@ def start_server_span(request: web.Request, route: str) -> ServerSpan:
         attributes["server.address"] = request.host[:256]
     if request.headers.get("User-Agent"):
         attributes["user_agent.original"] = request.headers["User-Agent"][:256]
-    if route != UNMATCHED_ROUTE:  # no route matched: the name is the method alone, and no http.route
+    matched = route != UNMATCHED_ROUTE  # if not, the name is the method alone, and no http.route
+    if matched:
         attributes["http.route"] = route
     span = get_tracer().start_span(
-        f"{request.method} {route}" if route != UNMATCHED_ROUTE else request.method,
+        f"{request.method} {route}" if matched else request.method,
         context=extract_context(carrier),
         kind=SpanKind.SERVER,
         attributes=attributes,
