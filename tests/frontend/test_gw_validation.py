@@ -98,7 +98,10 @@ def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value)
         err = bad(parse, {**body, field: value})
         assert err.param == field and err.code == "unsupported_parameter"
         assert parse({**body, field: None}, None)  # the default value is accepted
-    assert bad(parse_completion, {"prompt": "x", "prompt_logprobs": 0}).param == "prompt_logprobs"  # 0 is a setting
+
+
+def test_a_zero_is_a_setting_not_the_default() -> None:
+    assert bad(parse_completion, {"prompt": "x", "prompt_logprobs": 0}).param == "prompt_logprobs"
 
 
 def test_chat_only_extensions_are_refused_in_chat() -> None:
