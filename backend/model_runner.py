@@ -21,6 +21,7 @@ import torch
 
 from kvserve.backend.config import EngineConfig
 from kvserve.backend.cpu_threads import engine_threads, torch_default_threads
+from kvserve.backend.kv_budget import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
 from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.loader import load_model
 from kvserve.backend.ops import select_ops
@@ -58,6 +59,19 @@ def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dt
     return getattr(torch, name)
 
 
+@dataclass(frozen=True, slots=True)
+class _CudaSnapshot:
+    free: int
+    total: int
+    reserved: int
+    allocated: int
+
+    @classmethod
+    def take(cls, device: torch.device) -> "_CudaSnapshot":
+        free, total = torch.cuda.mem_get_info(device)  # creates the CUDA context first: it counts as used
+        return cls(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -68,6 +82,8 @@ class ModelRunner:
                 log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
             log.info("engine uses %d CPU thread(s)", threads)
         self.device = resolve_device(config.device)
+        # Taken before anything is loaded: the memory profile measures weights and activations against it.
+        cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None
         arch = ArchConfig.from_model_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         self.max_model_len = config.max_model_len or arch.max_position_embeddings
@@ -81,7 +97,8 @@ class ModelRunner:
         self.ops = select_ops(config.attention_backend, self.device)
         self.block_size = config.block_size
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
-        self.num_blocks = self._plan_kv_blocks()
+        self.memory_profile: CudaMemoryProfile | None = None
+        self.num_blocks = self._plan_kv_blocks(cuda_start)
         shape = (self.num_blocks, self.block_size, arch.num_key_value_heads, arch.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                            torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
@@ -92,17 +109,18 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         return self.arch.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
 
-    def _plan_kv_blocks(self) -> int:
+    def _plan_kv_blocks(self, cuda_start: "_CudaSnapshot | None") -> int:
         cfg = self.config
         block_bytes = self.kv_bytes_per_token * self.block_size
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif cfg.kv_cache_memory is not None:
             num_blocks = cfg.kv_cache_memory // block_bytes
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = total * cfg.gpu_memory_utilization - (total - free)
-            num_blocks = int(budget // block_bytes)
+        elif cuda_start is not None:
+            self.memory_profile = self._profile_cuda(cuda_start)
+            budget = kv_budget_bytes(self.memory_profile, cfg.gpu_memory_utilization)
+            num_blocks = budget // block_bytes
+            log.info(describe(self.memory_profile, cfg.gpu_memory_utilization, num_blocks * block_bytes))
         else:
             # CPU: enough for every sequence at full length, at most the default budget.
             wanted = cfg.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
@@ -118,6 +136,51 @@ class ModelRunner:
                  self.kv_bytes_per_token, num_blocks - 1, self.block_size, usable_tokens,
                  num_blocks * block_bytes / 2**20)
         return num_blocks
+
+    def _profile_cuda(self, start: "_CudaSnapshot") -> CudaMemoryProfile:
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        weights = torch.cuda.memory_allocated(dev) - start.allocated
+        torch.cuda.reset_peak_memory_stats(dev)
+        self.profile_step()
+        torch.cuda.synchronize(dev)
+        peak_activation = max(0, torch.cuda.max_memory_allocated(dev) - start.allocated - weights)
+        free, _ = torch.cuda.mem_get_info(dev)
+        # Growth of the device's used memory that torch's allocator does not account for.
+        non_torch = max(0, (start.free - free) - (torch.cuda.memory_reserved(dev) - start.reserved))
+        torch.cuda.empty_cache()
+        return CudaMemoryProfile(total=start.total, free_at_start=start.free, weights=weights,
+                                 peak_activation=peak_activation, non_torch=non_torch)
+
+    def profile_step(self) -> torch.Tensor:
+        """One forward pass of the largest step the scheduler can hand out, before the KV cache exists.
+
+        `max_num_batched_tokens` prompt tokens spread over up to `max_num_seqs` requests, every
+        request sampling, into a one-block cache with every slot -1 (nothing is stored; the
+        attention reads the null block): the activations are those of a real step of that size.
+        Returns the sampler-shaped float32 logits [num_seqs, vocab].
+        """
+        cfg, dev, arch = self.config, self.device, self.arch
+        q_lens = profile_query_lens(cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len)
+        num_tokens, num_seqs = sum(q_lens), len(q_lens)
+        width = -(-max(q_lens) // self.block_size)
+        positions = torch.cat([torch.arange(n, device=dev) for n in q_lens])
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int32, device=dev)
+        torch.cumsum(torch.tensor(q_lens, dtype=torch.int32, device=dev), 0, out=query_start_loc[1:])
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
+            block_tables=torch.zeros(num_seqs, width, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev), query_start_loc=query_start_loc,
+            max_seq_len=max(q_lens), max_query_len=max(q_lens), decode_only=max(q_lens) == 1)
+        shape = (1, self.block_size, arch.num_key_value_heads, arch.head_dim)
+        null_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        caches = [(null_cache, null_cache)] * arch.num_hidden_layers
+        input_ids = torch.randint(0, arch.vocab_size, (num_tokens,), device=dev)
+        logits = self.model(self.ops, input_ids, positions, caches, meta, query_start_loc[1:].long() - 1)
+        # The sampler's worst case (top-p) sorts and softmaxes every row: its copies count too.
+        torch.sort(logits, dim=-1, descending=True)
+        torch.softmax(logits, dim=-1)
+        return logits
 
     def _prepare(self, out: SchedulerOutput):
         sched = out.scheduled
