@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend import fields as F
-from kvserve.frontend.errors import bad_request, not_supported, short_repr
+from kvserve.frontend.errors import bad_request, not_supported
 
 MAX_N = 16  # the engine's SamplingParams limit
 MAX_PROMPTS = 256
@@ -115,7 +115,7 @@ def _check_response_format(body: dict[str, Any]) -> None:
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
         raise bad_request("'response_format' must be an object with a 'type'", param="response_format")
     if fmt["type"] != "text":
-        raise not_supported("response_format", f"response_format type {short_repr(fmt['type'])}")
+        raise not_supported("response_format", "a response_format type other than 'text'")
 
 
 def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:

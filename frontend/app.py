@@ -6,6 +6,7 @@ from aiohttp import web
 from kvserve.frontend import handlers_misc as misc
 from kvserve.frontend.handlers_openai import create_chat_completion, create_completion
 from kvserve.frontend.cors import add_cors_headers, preflight
+from kvserve.frontend.http_server import GatewayRunner
 from kvserve.frontend.middleware import auth, errors, observe
 from kvserve.frontend.state import GATEWAY, Gateway
 
@@ -43,7 +44,7 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     # handler_cancellation: when a client disconnects, aiohttp cancels its handler
     # task, which is what cancels the Triton request of a non-streaming call
     # (nothing is written to it until the end, so no write would notice).
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
+    runner = GatewayRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

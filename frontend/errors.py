@@ -13,7 +13,6 @@ from aiohttp import web
 
 # Long messages are cut: a client that sends a 1 MB prompt must not get it back.
 MAX_MESSAGE_CHARS = 512
-MAX_VALUE_REPR_CHARS = 40
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -30,11 +29,6 @@ _TYPE_BY_STATUS = {
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def short_repr(value: Any) -> str:
-    """A bounded repr of a user value, for messages that must say what was wrong."""
-    return clip(repr(value), MAX_VALUE_REPR_CHARS)
 
 
 class ApiError(Exception):
@@ -78,8 +72,11 @@ def not_supported(param: str, what: str) -> ApiError:
     return ApiError(400, f"{what} is not supported by this server", param=param, code="unsupported_parameter")
 
 
-def model_not_found(name: str) -> ApiError:
-    return ApiError(404, f"The model {short_repr(name)} does not exist", param="model", code="model_not_found")
+def model_not_found() -> ApiError:
+    # OpenAI quotes the name back; here no error body carries request bytes (README): param
+    # says which field was wrong, and the client knows what it sent.
+    return ApiError(404, "the requested model does not exist (GET /v1/models lists them)", param="model",
+                    code="model_not_found")
 
 
 def backend_unavailable(detail: str = "the model backend is not ready") -> ApiError:

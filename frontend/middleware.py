@@ -18,6 +18,7 @@ import logging
 import re
 import time
 import uuid
+from http import HTTPStatus
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -112,15 +113,22 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
+    # Nothing of the request is quoted (not the path, not the method): an error body that
+    # reflects request bytes is a reflection channel, and the client knows what it sent.
     if exc.status == 404:
-        return ApiError(404, f"no route {request.method} {request.path[:100]}", code="not_found")
+        return ApiError(404, "no such route", code="not_found")
     if exc.status == 405:
         allow = exc.headers.get("Allow", "")
-        return ApiError(405, f"method {request.method} not allowed here", code="method_not_allowed", headers={"Allow": allow})
+        return ApiError(405, "method not allowed on this route (see the Allow header)", code="method_not_allowed",
+                        headers={"Allow": allow})
     if exc.status == 413:
         limit = request.app[GATEWAY].config.max_request_body_bytes
         return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-    return ApiError(exc.status, exc.reason or "request failed")
+    try:
+        phrase = HTTPStatus(exc.status).phrase  # the standard phrase, not whatever text came with it
+    except ValueError:
+        phrase = "request failed"
+    return ApiError(exc.status, phrase)
 
 
 def key_digest(key: str) -> bytes:

@@ -14,7 +14,7 @@ from kvserve.frontend.errors import ApiError, bad_request
 
 # A JSON escape of a UTF-16 surrogate: legal JSON, but a lone one is no Unicode
 # text (it cannot be encoded as UTF-8 for the engine), so such bodies get a check.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -47,14 +47,21 @@ async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
         raise _too_large(limit) from None
     if len(raw) > limit:
         raise _too_large(limit)
+    # Decoded here, strictly: json.loads(bytes) would guess UTF-16/32 from the first bytes and
+    # decode with "surrogatepass", so raw bytes ED A0 80 (an encoded lone surrogate) came through
+    # as text that nothing downstream can encode again. JSON on the wire is UTF-8 (RFC 8259).
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request("request body is not UTF-8 text (JSON must be sent as UTF-8)") from None
+    try:
+        body = json.loads(text)
+    except ValueError:
         raise bad_request("request body is not valid JSON") from None
     except RecursionError:  # nested deeper than the parser's stack allows
         raise bad_request("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
-    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(body):
         raise bad_request("request body holds an unpaired UTF-16 surrogate (not valid Unicode text)")
     return body

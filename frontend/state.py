@@ -112,7 +112,7 @@ class Gateway:
         if name is None:
             return self.default_model
         if name not in self.config.served_model_names:
-            raise model_not_found(name)
+            raise model_not_found()
         return name
 
     def require_tokenizer(self) -> GatewayTokenizer:
