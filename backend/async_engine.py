@@ -3,6 +3,10 @@
 Callers on any thread add requests with a callback (model.py) or iterate an
 async stream (`generate`). Adds and aborts are applied by the engine thread
 between steps, so an abort frees the request's blocks before the next step.
+A constrained request (structured outputs) is compiled on the grammar pool
+before it reaches the engine thread: the thread parks it until its grammar is
+ready, refuses it with a 400 naming the field when it does not compile or takes
+longer than the time bound, and keeps stepping everyone else meanwhile.
 If a forward pass fails, every in-flight request ends with an error output and
 the engine keeps serving new requests (it does not exit); `healthy()` is False
 for FAULT_UNHEALTHY_S after each failure, so readiness probes see the fault.
@@ -21,6 +25,7 @@ from kvserve.backend.config import EngineConfig
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
+from kvserve.backend.structured.compiler import CompileJob
 from kvserve.observability.thread_names import name_this_thread
 
 log = logging.getLogger("kvserve.engine")
@@ -49,6 +54,7 @@ class _Add:
     callback: OutputCallback
     traceparent: str | None
     arrival: float
+    grammar: CompileJob | None = None
 
 
 @dataclass(slots=True)
@@ -56,10 +62,18 @@ class _Abort:
     request_id: str
 
 
+class _Wake:
+    """A grammar finished compiling: the engine thread looks at its parked requests."""
+
+
+_WAKE = _Wake()
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig, step_listeners: list[StepListener] | None = None) -> None:
         self.config = config
-        self._inbox: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Wake | None] = queue.SimpleQueue()
+        self._compiling: dict[str, _Add] = {}  # engine thread: requests waiting for their grammar
         self._callbacks: dict[str, OutputCallback] = {}
         self._pending_adds = 0
         self._lock = threading.Lock()
@@ -85,6 +99,7 @@ class AsyncEngine:
         name_this_thread()
         try:
             self.engine = LLMEngine(self.config)
+            self.engine.grammars.on_done = lambda: self._inbox.put(_WAKE)
             self._stats = self.engine.stats()
         except BaseException as exc:
             self._start_error = exc
@@ -122,7 +137,8 @@ class AsyncEngine:
             if limit is not None and self._stats["num_requests_waiting"] + self._pending_adds >= limit:
                 raise EngineOverloaded(f"the waiting queue is full ({limit} requests)")
             self._pending_adds += 1
-        self._inbox.put(_Add(request_id, ids, params, callback, traceparent, time.time()))
+        job = self.engine.grammars.submit(params.grammar) if params.grammar is not None else None
+        self._inbox.put(_Add(request_id, ids, params, callback, traceparent, time.time(), job))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -148,6 +164,8 @@ class AsyncEngine:
         self._closed = True
         self._inbox.put(None)
         self._thread.join(timeout)
+        if hasattr(self, "engine"):
+            self.engine.grammars.shutdown()
 
     # ---- engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -155,6 +173,8 @@ class AsyncEngine:
             block = not self.engine.has_unfinished()
             if not self._drain(block):
                 break
+            if self._compiling:
+                self._admit_compiled()
             if not self.engine.has_unfinished():
                 continue
             started = time.time()
@@ -171,6 +191,9 @@ class AsyncEngine:
                 outputs = self.engine.recover_from_fault("internal error: the engine step failed")
                 self._unhealthy_until = time.monotonic() + FAULT_UNHEALTHY_S
             self._deliver(outputs, started)
+        for item in self._compiling.values():
+            self._reject(item, "unavailable: the engine is shutting down", "shutdown")
+        self._compiling.clear()
         for rid in list(self.engine.groups):
             out = self.engine.fail(rid, "unavailable: the engine is shutting down", "shutdown")
             if out is not None:
@@ -187,7 +210,11 @@ class AsyncEngine:
             block = False
             if item is None:
                 return False
+            if isinstance(item, _Wake):
+                continue
             if isinstance(item, _Abort):
+                if self._compiling.pop(item.request_id, None) is not None:
+                    continue  # cancelled while its grammar compiled: it never reached the engine
                 try:
                     out = self.engine.abort(item.request_id)
                 except Exception as exc:  # never let one bad abort stop the engine thread
@@ -199,18 +226,40 @@ class AsyncEngine:
                 continue
             with self._lock:
                 self._pending_adds -= 1
-            try:
-                self.engine.add_request(item.request_id, item.prompt_ids, item.params, item.arrival,
-                                        item.traceparent)
-                self._callbacks[item.request_id] = item.callback
-            except ValueError as exc:
-                self._reject(item, str(exc), "invalid")
-            except Exception as exc:  # anything else must cost this request only, not the engine thread
-                log.error("adding request %s failed (%s)", item.request_id, type(exc).__name__)
-                log.debug("add_request failure", exc_info=True)
-                self._reject(item, "internal error: the request could not be added", "internal")
+            if item.grammar is not None and not item.grammar.done():
+                self._compiling[item.request_id] = item
+                continue
+            self._add(item)
         self._deliver(outputs, time.time())
         return True
+
+    def _admit_compiled(self) -> None:
+        """Parked requests whose grammar is ready join the engine; those past the bound are refused."""
+        now = time.monotonic()
+        for rid, item in list(self._compiling.items()):
+            job = item.grammar
+            if job.done():
+                del self._compiling[rid]
+                self._add(item)
+            elif job.expired(now):
+                del self._compiling[rid]
+                log.warning("grammar of request %s did not compile within %.1f s", rid,
+                            self.engine.grammars.timeout_s)
+                self._reject(item, f"structured_outputs: the {job.spec.kind} constraint did not compile "
+                                   f"within {self.engine.grammars.timeout_s:g} s", "invalid")
+
+    def _add(self, item: _Add) -> None:
+        try:
+            grammar = item.grammar.result() if item.grammar is not None else None
+            self.engine.add_request(item.request_id, item.prompt_ids, item.params, item.arrival,
+                                    item.traceparent, compiled_grammar=grammar)
+            self._callbacks[item.request_id] = item.callback
+        except ValueError as exc:
+            self._reject(item, str(exc), "invalid")
+        except Exception as exc:  # anything else must cost this request only, not the engine thread
+            log.error("adding request %s failed (%s)", item.request_id, type(exc).__name__)
+            log.debug("add_request failure", exc_info=True)
+            self._reject(item, "internal error: the request could not be added", "internal")
 
     @staticmethod
     def _reject(item: _Add, message: str, kind: str) -> None:

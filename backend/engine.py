@@ -21,6 +21,8 @@ from kvserve.backend.request import Request, RequestStatus
 from kvserve.backend.sampler import Sampler, SamplingRow
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.scheduler import Scheduler
+from kvserve.backend.structured.compiler import GrammarCompiler
+from kvserve.backend.structured.matchers import GrammarMatchers
 from kvserve.backend.tokenizer import ModelTokenizer
 
 log = logging.getLogger("kvserve.engine")
@@ -65,6 +67,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
         self.sampler = Sampler()
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.matchers = GrammarMatchers(self.vocab_size)
         self.groups: dict[str, _Group] = {}
         self.sequences: dict[str, _Sequence] = {}
         # Token counters for metrics; the engine thread is the only writer.
@@ -95,10 +99,15 @@ class LLMEngine:
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, traceparent: str | None = None) -> None:
+                    arrival_time: float | None = None, traceparent: str | None = None,
+                    compiled_grammar=None) -> None:
+        """`compiled_grammar`: the AsyncEngine compiles off this thread and passes it; without
+        it a constrained request is compiled here (the offline LLM API)."""
         if request_id in self.groups:
             raise ValueError(f"request_id: {request_id!r} is already in flight")
         ids = self.validate_prompt(prompt, params)
+        if params.grammar is not None and compiled_grammar is None:
+            compiled_grammar = self.grammars.compile(params.grammar)
         group = _Group(request_id, prompt if isinstance(prompt, str) else None, ids, params, [],
                        traceparent=traceparent)
         arrival = arrival_time or time.time()
@@ -121,6 +130,8 @@ class LLMEngine:
                                            params.skip_special_tokens)
             children.append(_Sequence(req, request_id, i, detok, generator))
         for seq in children:
+            if compiled_grammar is not None:
+                self.matchers.add(seq.request.request_id, compiled_grammar)
             self.sequences[seq.request.request_id] = seq
             group.children.append(seq.request.request_id)
             self.scheduler.add_request(seq.request)
@@ -174,16 +185,30 @@ class LLMEngine:
         seqs = [self.sequences[rid] for rid in sample_ids]
         rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
                             s.generator, s.request.eos_token_ids) for s in seqs]
-        sampled = self.sampler(logits, rows)
+        sampled = self.sampler(logits, rows, self.matchers.mask_for(sample_ids))
         now = time.time()
         touched: dict[str, list[CompletionOutput]] = {}
+        refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
+            rid = seq.request.request_id
+            if not self.matchers.accept(rid, tok.token_id):
+                refused.append(seq.parent_id)  # the grammar allowed nothing (e.g. min_tokens banned its end)
+                continue
             finish = self._append_token(seq, tok, now)
+            if finish is None and self.matchers.is_terminated(rid):
+                finish = RequestStatus.FINISHED_STOPPED  # the grammar ended: nothing more may follow
             if finish is not None:
-                self.scheduler.finish_request(seq.request.request_id, finish)
+                self.scheduler.finish_request(rid, finish)
+                self.matchers.free(rid)
             delta = self._take_delta(seq, finish.value if finish else None)
             touched.setdefault(seq.parent_id, []).append(delta)
-        self.generation_tokens_total += len(sampled)
+        self.generation_tokens_total += len(sampled) - len(refused)
+        for parent_id in dict.fromkeys(refused):
+            touched.pop(parent_id, None)
+            out = self.fail(parent_id, "structured_outputs: the constraint allowed no token here "
+                                       "(min_tokens, logit_bias or ignore_eos conflict with it)", "invalid")
+            if out is not None:
+                outputs.append(out)
         for parent_id, deltas in touched.items():
             group = self.groups[parent_id]
             done = group.finished_children == len(group.children)
@@ -286,6 +311,7 @@ class LLMEngine:
     def _drop_group(self, group: _Group) -> None:
         for child_id in group.children:
             self.sequences.pop(child_id, None)
+            self.matchers.free(child_id)
         self.groups.pop(group.request_id, None)
 
     # ---- introspection for metrics, tests and the async wrapper ------------------------------
@@ -305,6 +331,7 @@ class LLMEngine:
             "prefix_cache_hits_total": self.kv.prefix_hits,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            "num_grammar_matchers": len(self.matchers),
         }
 
     def recover_from_fault(self, message: str) -> list[RequestOutput]:

@@ -1,6 +1,7 @@
 """Batched sampling from the logits of the requests that sample this step.
 
-Order of operations (as in vLLM): logit bias and min_tokens EOS masking,
+Order of operations (as in vLLM): a structured-output grammar's token bitmask
+(constrained rows only), logit bias and min_tokens EOS masking,
 repetition / presence / frequency penalties, temperature, then top-k, top-p and
 min-p filtering, then a draw. Logprobs are those of the raw model distribution.
 
@@ -12,6 +13,7 @@ batch. Unseeded rows draw together with the exponential-race trick
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -91,12 +93,16 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 constrain: Callable[[torch.Tensor], None] | None = None) -> list[SampledToken]:
+        """`constrain` masks disallowed tokens to -inf in place (structured outputs), first."""
         logits = logits.float()
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in rows):
             raw_logprobs = logits.log_softmax(dim=-1)
         logits = logits.clone()
+        if constrain is not None:
+            constrain(logits)
         self._bias_and_min_tokens(logits, rows)
         _apply_penalties(logits, rows)
 

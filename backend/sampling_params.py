@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kvserve.backend.structured.spec import GrammarSpec, parse_spec
+
 _MAX_N = 16
 _MAX_STOP_STRINGS = 64
 _MAX_STOP_STRING_CHARS = 256
@@ -33,6 +35,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     timeout: float | None = None  # seconds from arrival; the request ends with finish_reason "abort"
+    # vLLM's StructuredOutputsParams ({"json": schema} | {"regex": ...} | ...): see structured/spec.py
+    structured_outputs: dict[str, Any] | None = None
+    grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +87,8 @@ class SamplingParams:
             raise ValueError("cache_salt: must be a non-empty string")
         if self.timeout is not None:
             _float_in("timeout", self.timeout, 0.0, 86400.0, low_open=True)
+        if self.structured_outputs is not None:
+            self.grammar = parse_spec(self.structured_outputs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be a boolean")
@@ -106,7 +113,7 @@ class SamplingParams:
         """From JSON (the Triton `sampling_parameters` input): unknown keys are an error, not ignored."""
         if not isinstance(data, dict):
             raise ValueError("sampling_parameters: must be a JSON object")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown sampling parameter")

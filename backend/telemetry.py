@@ -47,7 +47,8 @@ class EngineTelemetry:
 
     def _record_metrics(self, engine: LLMEngine, stats: dict) -> None:
         m = self.metrics
-        m.on_step(stats["num_requests_running"], stats["num_requests_waiting"], stats["kv_cache_usage_perc"])
+        m.on_step(stats["num_requests_running"], stats["num_requests_waiting"], stats["kv_cache_usage_perc"],
+                  stats["num_grammar_matchers"])
         delta = {k: stats[k] - self._last[k] for k in _COUNTERS}
         self._last = {k: stats[k] for k in _COUNTERS}
         m.on_prompt_tokens(delta["prompt_tokens_total"])

@@ -63,5 +63,9 @@ class ModelTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json text (xgrammar reads the vocabulary type from it)."""
+        return self._tok.to_str()
+
     def id_to_token(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""

@@ -69,6 +69,8 @@ C, G, H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
 # --- backend (engine) ---
 NUM_REQUESTS_RUNNING = MetricSpec("kvserve:num_requests_running", G, "Number of requests in the running batch.")
 NUM_REQUESTS_WAITING = MetricSpec("kvserve:num_requests_waiting", G, "Number of requests waiting to be scheduled.")
+NUM_GRAMMAR_MATCHERS = MetricSpec("kvserve:num_grammar_matchers", G,
+                                  "Live structured-output grammar matchers (one per constrained sequence).")
 KV_CACHE_USAGE_PERC = MetricSpec("kvserve:kv_cache_usage_perc", G, "KV-cache block usage; 1 means 100 percent.")
 PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C,
                            "Number of prefill tokens processed: each request's prompt once its prefill is done.")
@@ -117,7 +119,7 @@ del C, G, H
 BACKEND_METRICS: tuple[MetricSpec, ...] = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, PROMPT_TOKENS, GENERATION_TOKENS,
     REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
-    INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME,
+    INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, NUM_GRAMMAR_MATCHERS,
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS

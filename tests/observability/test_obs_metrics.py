@@ -16,6 +16,7 @@ from kvserve.observability.metrics import BackendMetrics, GatewayMetrics, promet
 # The list in DESIGN.md "Observability", plus the gateway metrics.
 DESIGN_NAMES = {
     "kvserve:num_requests_running": m.MetricKind.GAUGE,
+    "kvserve:num_grammar_matchers": m.MetricKind.GAUGE,  # structured outputs (issue 18)
     "kvserve:num_requests_waiting": m.MetricKind.GAUGE,
     "kvserve:kv_cache_usage_perc": m.MetricKind.GAUGE,
     "kvserve:prompt_tokens_total": m.MetricKind.COUNTER,

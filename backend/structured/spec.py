@@ -1,0 +1,145 @@
+"""The `structured_outputs` sampling parameter: one constraint, checked and put in canonical form.
+
+The wire form is vLLM's StructuredOutputsParams, exactly one of:
+    {"json": <schema object or its JSON text>}   {"json_object": true}
+    {"regex": "..."}   {"choice": ["a", "b"]}   {"grammar": "<EBNF>"}
+    {"structural_tag": <xgrammar structural tag object or its JSON text>}
+The gateway translates OpenAI's response_format, tools and vLLM's guided_* names into it, so a
+client of tritonserver sends the same object. Everything here is pure Python (no xgrammar):
+the checks that need no compiler run in SamplingParams' validation, before a request queues.
+
+xgrammar silently ignores JSON-schema keywords it cannot enforce (`not`, `if`, `uniqueItems`,
+`multipleOf` on numbers...). Output that ignores part of the schema is what this feature exists to
+prevent, so such keywords are refused here instead, naming the keyword.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+FIELD = "structured_outputs"
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar in its canonical text
+MAX_CHOICES = 1024
+MAX_SCHEMA_DEPTH = 32
+
+# Keywords xgrammar enforces (checked against its matcher: tests/unit/test_structured.py) ...
+_ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
+    "maxItems", "enum", "const", "pattern", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "anyOf", "$ref", "$defs", "definitions", "format",
+    "minProperties", "maxProperties",
+})
+# ... and those that only annotate (nothing to enforce).
+_ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "strict",
+})
+_FORMATS = frozenset({"date", "time", "date-time", "email", "uuid", "uri", "ipv4", "ipv6", "duration"})
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "prefixItems")
+_SCHEMA_OR_BOOL = ("items", "additionalProperties")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    kind: str  # one of KINDS
+    text: str  # canonical text: schema JSON (sorted keys), regex, EBNF, or structural tag JSON
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Cache key of the compiled grammar: equal specs compile once."""
+        return self.kind, self.text
+
+
+def parse_spec(value: Any) -> GrammarSpec:
+    """The checks that need no compiler; ValueError names `structured_outputs`."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{FIELD}: must be an object with one of {', '.join(KINDS)}")
+    options = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(options) - set(KINDS))
+    if unknown:
+        raise ValueError(f"{FIELD}: unknown constraint {unknown[0]!r} (known: {', '.join(KINDS)})")
+    if len(options) != 1:
+        raise ValueError(f"{FIELD}: exactly one of {', '.join(KINDS)} must be set")
+    kind, raw = next(iter(options.items()))
+    if kind == "json_object":
+        if raw is not True:
+            raise ValueError(f"{FIELD}: json_object must be true")
+        return GrammarSpec(kind, "")
+    if kind == "choice":
+        if (not isinstance(raw, list) or not raw or len(raw) > MAX_CHOICES
+                or not all(isinstance(c, str) and c for c in raw)):
+            raise ValueError(f"{FIELD}: choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
+        return _bounded(GrammarSpec(kind, _choice_grammar(raw)))
+    if kind in ("json", "structural_tag"):
+        doc = _json_value(raw, kind)
+        if kind == "json":
+            check_schema(doc)
+        elif not isinstance(doc, dict):
+            raise ValueError(f"{FIELD}: structural_tag must be an object")
+        return _bounded(GrammarSpec(kind, json.dumps(doc, sort_keys=True, separators=(",", ":"),
+                                                      ensure_ascii=False)))
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"{FIELD}: {kind} must be a non-empty string")
+    return _bounded(GrammarSpec(kind, raw))
+
+
+def _bounded(spec: GrammarSpec) -> GrammarSpec:
+    if len(spec.text) > MAX_SPEC_CHARS:
+        raise ValueError(f"{FIELD}: the {spec.kind} constraint is longer than {MAX_SPEC_CHARS} characters")
+    return spec
+
+
+def _json_value(raw: Any, kind: str) -> Any:
+    if isinstance(raw, str):
+        if len(raw) > MAX_SPEC_CHARS:
+            raise ValueError(f"{FIELD}: the {kind} constraint is longer than {MAX_SPEC_CHARS} characters")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ValueError(f"{FIELD}: {kind} is not valid JSON") from None
+    return raw
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    # JSON string literals are EBNF string literals in xgrammar (same escapes).
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def check_schema(schema: Any) -> None:
+    """A JSON Schema (Draft 2020-12) whose every keyword xgrammar enforces."""
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"{FIELD}: the JSON schema must be an object")
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "(root)"
+        raise ValueError(f"{FIELD}: not a valid JSON schema at {where}: {exc.message[:200]}") from None
+    _check_keywords(schema, "#", 0)
+
+
+def _check_keywords(node: Any, where: str, depth: int) -> None:
+    if isinstance(node, bool):
+        return
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"{FIELD}: the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    for key, value in node.items():
+        if key not in _ENFORCED and key not in _ANNOTATIONS:
+            raise ValueError(f"{FIELD}: the JSON schema keyword {key!r} at {where} is not supported")
+        if key == "format" and value not in _FORMATS:
+            raise ValueError(f"{FIELD}: the string format {str(value)[:40]!r} at {where} is not supported "
+                             f"(supported: {', '.join(sorted(_FORMATS))})")
+        if key == "$ref" and not str(value).startswith("#"):
+            raise ValueError(f"{FIELD}: only local $ref ('#/...') is supported, at {where}")
+        if key in _SCHEMA_MAPS:
+            for name, sub in value.items():
+                _check_keywords(sub, f"{where}/{key}/{name}", depth + 1)
+        elif key in _SCHEMA_LISTS:
+            for i, sub in enumerate(value):
+                _check_keywords(sub, f"{where}/{key}/{i}", depth + 1)
+        elif key in _SCHEMA_OR_BOOL:
+            _check_keywords(value, f"{where}/{key}", depth + 1)
