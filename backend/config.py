@@ -82,8 +82,9 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
             raise ValueError("max_waiting_requests: must be >= 0")
-        if not Path(self.model).is_dir():
-            raise ValueError(f"model: {self.model!r} is not a directory")
+        path = Path(self.model)
+        if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
+            raise ValueError(f"model: {self.model!r} is neither a model folder nor a .gguf file")
 
     @property
     def model_name(self) -> str:

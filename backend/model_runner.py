@@ -23,7 +23,7 @@ from kvserve.backend.config import EngineConfig
 from kvserve.backend.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.kv_budget import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
 from kvserve.backend.models.arch_config import ArchConfig
-from kvserve.backend.models.loader import load_model
+from kvserve.backend.models.loader import load_arch_config, load_model
 from kvserve.backend.ops import select_ops
 from kvserve.backend.scheduler import SchedulerOutput
 
@@ -84,7 +84,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         # Taken before anything is loaded: the memory profile measures weights and activations against it.
         cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None
-        arch = ArchConfig.from_model_dir(config.model)
+        arch = load_arch_config(config.model)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         self.max_model_len = config.max_model_len or arch.max_position_embeddings
         if self.max_model_len > arch.max_position_embeddings:

@@ -2,7 +2,8 @@
 
 Uses the `tokenizers` library on tokenizer.json directly (fast, no transformers
 import), with tokenizer_config.json / generation_config.json for the special
-tokens that tokenizer.json does not carry.
+tokens that tokenizer.json does not carry; or the tokenizer a GGUF file carries
+in its metadata (gguf_tokenizer.py), built the same way for the gateway.
 """
 from __future__ import annotations
 
@@ -27,14 +28,31 @@ def _token_text(value) -> str | None:
 
 
 class ModelTokenizer:
-    def __init__(self, model_dir: str | Path) -> None:
-        model_dir = Path(model_dir)
+    def __init__(self, model_path: str | Path) -> None:
+        from kvserve.backend.models.gguf_checkpoint import gguf_file
+        gguf = gguf_file(model_path)
+        if gguf is not None:
+            self._from_gguf(gguf)
+        else:
+            self._from_folder(Path(model_path))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.special_ids = frozenset(t.id if hasattr(t, "id") else k
+                                     for k, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def _from_gguf(self, path: Path) -> None:
+        from kvserve.backend.models.gguf_checkpoint import open_gguf
+        from kvserve.backend.models.gguf_tokenizer import build_tokenizer
+        built = build_tokenizer(open_gguf(path))
+        self._tok = built.tokenizer
+        self.eos_token_ids = built.eos_token_ids
+
+    def _from_folder(self, model_dir: Path) -> None:
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise ValueError(f"model: no tokenizer.json in {model_dir}")
         self._tok = Tokenizer.from_file(str(path))
-        self._tok.no_padding()
-        self._tok.no_truncation()
         cfg = _read_json(model_dir / "tokenizer_config.json")
         gen = _read_json(model_dir / "generation_config.json")
         model_cfg = _read_json(model_dir / "config.json")
@@ -48,9 +66,6 @@ class ModelTokenizer:
         if eos_text and self._tok.token_to_id(eos_text) is not None:
             eos.add(self._tok.token_to_id(eos_text))
         self.eos_token_ids = frozenset(eos)
-        self.special_ids = frozenset(t.id if hasattr(t, "id") else k
-                                     for k, t in self._tok.get_added_tokens_decoder().items() if t.special)
-        self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > LONG_TEXT_CHARS:

@@ -1,16 +1,19 @@
-"""Load a Hugging Face model folder (config.json + *.safetensors) into LlamaForCausalLM.
+"""Load a checkpoint into LlamaForCausalLM: a Hugging Face folder (config.json +
+*.safetensors) or one GGUF file (gguf_checkpoint.py renames and dequantizes it).
 
-Only local files: no hub access. q/k/v and gate/up checkpoints tensors are
+Only local files: no hub access. q/k/v and gate/up checkpoint tensors are
 spliced into the fused projections of the model.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from kvserve.backend.models import gguf_checkpoint
 from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.llama import LlamaForCausalLM
 from kvserve.backend.models.rope import build_cos_sin_cache
@@ -85,10 +88,36 @@ def _fully_loaded(model: LlamaForCausalLM, name: str, param: torch.Tensor,
     return (id(param), None) in loaded
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
+def _safetensors_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, array in gguf_checkpoint.hf_tensors(reader, config):
+        yield name, torch.from_numpy(array)
+
+
+def load_arch_config(model: str | Path) -> ArchConfig:
+    gguf = gguf_checkpoint.gguf_file(model)
+    if gguf is None:
+        return ArchConfig.from_model_dir(model)
+    return ArchConfig.from_dict(gguf_checkpoint.hf_config(gguf_checkpoint.open_gguf(gguf)))
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
                max_position: int) -> tuple[LlamaForCausalLM, ArchConfig]:
-    model_dir = Path(model_dir)
-    cfg = ArchConfig.from_model_dir(model_dir)
+    gguf = gguf_checkpoint.gguf_file(model_path)
+    if gguf is None:
+        cfg = ArchConfig.from_model_dir(model_path)
+        tensors = _safetensors_tensors(Path(model_path))
+    else:
+        reader = gguf_checkpoint.open_gguf(gguf)
+        config = gguf_checkpoint.hf_config(reader)
+        cfg = ArchConfig.from_dict(config)
+        tensors = _gguf_tensors(reader, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_position)
     model = model.to_empty(device=device)
@@ -97,20 +126,17 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                                               cfg.rope_scaling).to(device)
     loaded: set[tuple[int, int | None]] = set()
     with torch.no_grad():
-        for path in safetensors_files(model_dir):
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    target = _target(model, name)
-                    if target is None:
-                        continue
-                    param, rows = target
-                    tensor = f.get_tensor(name)
-                    dest = param if rows is None else param[rows]
-                    if dest.shape != tensor.shape:
-                        raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, "
-                                         f"expected {tuple(dest.shape)}")
-                    dest.copy_(tensor)
-                    loaded.add((id(param), None if rows is None else rows.start))
+        for name, tensor in tensors:
+            target = _target(model, name)
+            if target is None:
+                continue
+            param, rows = target
+            dest = param if rows is None else param[rows]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded.add((id(param), None if rows is None else rows.start))
     missing = [n for n, p in model.named_parameters() if not _fully_loaded(model, n, p, loaded)]
     if missing:
         raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")

@@ -1,0 +1,146 @@
+"""The tokenizer, special tokens and chat template a GGUF file carries, as a `tokenizers` tokenizer.
+
+GGUF stores a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2") as
+token strings, merges and token types; how text is split before BPE is named by
+`tokenizer.ggml.pre`, whose regexes live in llama.cpp's code, not in the file.
+The splits below are the ones llama.cpp applies for each name; an unknown name
+is refused rather than guessed (a wrong split gives other token ids, silently).
+
+Run as `python -m kvserve.backend.models.gguf_tokenizer FILE.gguf DIR` it writes
+the Hugging Face files the gateway reads (tokenizer.json, tokenizer_config.json,
+config.json, generation_config.json) into DIR: the gateway never imports the
+engine, and both sides then tokenize with the same tokenizer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from kvserve.backend.models.gguf_checkpoint import field_value, hf_config, open_gguf
+
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types (1 normal, 2 unknown, 5 unused, 6 byte)
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"), _byte_level(False)])
+
+
+# tokenizer.ggml.pre -> (pre-tokenizer factory, BPE ignore_merges)
+_PRE_TOKENIZERS = {
+    "default": (lambda: _byte_level(True), False),
+    "gpt2": (lambda: _byte_level(True), False),
+    # SmolLM: digits one by one, then GPT-2's split (as its Hugging Face tokenizer.json).
+    "smollm": (lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                _byte_level(True)]), False),
+    "llama-bpe": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
+    "llama3": (lambda: _split_then_bytes(_LLAMA3_SPLIT), True),
+    "qwen2": (lambda: _split_then_bytes(_QWEN2_SPLIT), False),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class GGUFTokenizer:
+    tokenizer: Tokenizer
+    bos_token: str | None
+    eos_token: str | None
+    eos_token_ids: frozenset[int]
+    add_bos_token: bool
+    chat_template: str | None
+
+
+def _strings(reader, key: str) -> list[str]:
+    return list(field_value(reader, key, []) or [])
+
+
+def build_tokenizer(reader) -> GGUFTokenizer:
+    kind = field_value(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"model: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 byte-level "
+                         "BPE); pass --tokenizer DIR with the model's tokenizer.json")
+    pre = field_value(reader, "tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZERS:
+        raise ValueError(f"model: GGUF pre-tokenizer {pre!r} is not supported (supported: "
+                         f"{', '.join(_PRE_TOKENIZERS)}); pass --tokenizer DIR with the model's tokenizer.json")
+    tokens = _strings(reader, "tokenizer.ggml.tokens")
+    types = list(field_value(reader, "tokenizer.ggml.token_type", []) or [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in _strings(reader, "tokenizer.ggml.merges")]
+    make_pre, ignore_merges = _PRE_TOKENIZERS[pre]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, fuse_unk=False))
+    tok.pre_tokenizer = make_pre()
+    tok.decoder = decoders.ByteLevel()
+    added = [AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
+             for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)]
+    tok.add_tokens(added)
+
+    def token_of(key: str) -> tuple[int | None, str | None]:
+        value = field_value(reader, key)
+        return (None, None) if value is None or not 0 <= int(value) < len(tokens) else (int(value), tokens[int(value)])
+
+    bos_id, bos = token_of("tokenizer.ggml.bos_token_id")
+    eos_id, eos = token_of("tokenizer.ggml.eos_token_id")
+    eot_id, _ = token_of("tokenizer.ggml.eot_token_id")
+    add_bos = bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    tok.post_processor = (processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                        special_tokens=[(bos, bos_id)])
+                          if add_bos else processors.ByteLevel(trim_offsets=False))
+    return GGUFTokenizer(tokenizer=tok, bos_token=bos, eos_token=eos,
+                         eos_token_ids=frozenset(i for i in (eos_id, eot_id) if i is not None),
+                         add_bos_token=add_bos, chat_template=field_value(reader, "tokenizer.chat_template"))
+
+
+def export_gateway_files(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Write the Hugging Face files the gateway reads for this GGUF model into out_dir (atomically)."""
+    out_dir = Path(out_dir)
+    reader = open_gguf(gguf_path)
+    config = hf_config(reader)
+    tok = build_tokenizer(reader)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
+    tok.tokenizer.save(str(staging / "tokenizer.json"))
+    tokenizer_config = {"bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                        "add_bos_token": tok.add_bos_token, "chat_template": tok.chat_template}
+    files = {"tokenizer_config.json": tokenizer_config, "config.json": config,
+             "generation_config.json": {"eos_token_id": sorted(tok.eos_token_ids)}}
+    for name, content in files.items():
+        (staging / name).write_text(json.dumps(content, indent=1, ensure_ascii=False), encoding="utf-8")
+    (staging / "source.txt").write_text(str(Path(gguf_path).resolve()), encoding="utf-8")
+    try:
+        os.replace(staging, out_dir)
+    except OSError:  # another process exported the same file first: keep its copy
+        for child in staging.iterdir():
+            child.unlink()
+        staging.rmdir()
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvserve.backend.models.gguf_tokenizer FILE.gguf OUT_DIR", file=sys.stderr)
+        return 2
+    try:
+        print(export_gateway_files(args[0], args[1]))
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
