@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
 from kvserve.backend.config import EngineConfig, env_overrides
+from kvserve.backend.models.fetch import resolve_model_arg
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
@@ -46,9 +47,7 @@ def engine_config_from_triton(model_config: dict) -> EngineConfig:
     values = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
     values.update(env_overrides())
     values = {k: v for k, v in values.items() if k in EngineConfig.field_names()}
-    if not values.get("model"):
-        from kvserve.backend.models.tiny import default_model_dir, make_tiny_model
-        values["model"] = str(make_tiny_model(default_model_dir()))
+    values["model"] = resolve_model_arg(values.get("model", ""))
     if not values.get("served_model_name"):
         values["served_model_name"] = model_config.get("name") or "llm"
     return EngineConfig.from_strings(values)

@@ -20,7 +20,7 @@ import kvserve.frontend
 from kvserve.frontend.app import build_app, start_app
 from kvserve.frontend.chat_template import resolve_template_arg
 from kvserve.frontend.cors_policy import add_cors_flags, cors_policy_from_args
-from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, resolve_model
 from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
@@ -45,8 +45,10 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvserve serve", description="Serve a model with an OpenAI-compatible API.")
-    p.add_argument("model_tag", nargs="?", help="model folder (same as --model, like `vllm serve MODEL`)")
-    p.add_argument("--model", help="model folder in the Hugging Face layout (default: a built-in tiny model)")
+    p.add_argument("model_tag", nargs="?", help="the model (same as --model, like `vllm serve MODEL`)")
+    p.add_argument("--model", help="a Hugging Face model folder, a .gguf file, or a known model's name "
+                                   f"(fetched once into the cache; default: {DEFAULT_MODEL_NAME}; "
+                                   "kvserve-tiny: a small random model for tests)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: pick a free one)")
     p.add_argument("--api-key", action="append", default=None,
@@ -75,28 +77,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass(slots=True)
 class Plan:
-    model_dir: Path | None
+    model: str | None          # --model as given: a path, a known model's name, or None for the default
+    local: bool                # the model (or the default) is loaded or fetched here
     tokenizer_dir: Path | None
     served_names: list[str]
     remote: bool
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value or value.startswith(".") or value.startswith("~") or Path(value).exists()
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     if args.model and args.model_tag and args.model != args.model_tag:
         raise UsageError("give the model once: either positionally or with --model")
     model = args.model or args.model_tag
-    model_dir = Path(model).expanduser() if model else None
     remote = is_remote(args)
     if remote:
         validate_replica_flags(args)
-    if model_dir is not None and not model_dir.is_dir() and not remote:
-        raise UsageError(f"--model {model}: not a local folder (kvserve loads models from disk, no hub downloads)")
-    if model_dir is not None and not model_dir.is_dir():
-        model_dir = None  # remote: the name is only what clients call the model
-    tokenizer_dir = Path(args.tokenizer).expanduser() if args.tokenizer else model_dir
-    if remote and tokenizer_dir is None:
+    missing = model is not None and _looks_like_path(model) and not Path(model).expanduser().exists()
+    if missing and not remote:
+        raise UsageError(f"--model {model}: no such file or folder (kvserve loads models from disk, "
+                         "or fetches a known model by its name)")
+    local = not remote or (model is not None and not missing)  # remote: a missing path only names the model
+    tokenizer_dir = Path(args.tokenizer).expanduser() if args.tokenizer else None
+    if remote and tokenizer_dir is None and not local:
         raise UsageError("--triton-url needs the model's tokenizer for chat templates and /tokenize: "
-                         "pass --model DIR or --tokenizer DIR (a folder with tokenizer.json)")
+                         "pass --model (a folder, a .gguf file or a known name) or --tokenizer DIR")
     if args.served_model_name:
         names = list(args.served_model_name)
     elif model:
@@ -107,7 +114,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         ignored = [f.flag for f in ENGINE_FLAGS if f.field not in _GATEWAY_SIDE and getattr(args, f.field) is not None]
         if ignored:
             log.warning("engine flags %s are ignored with --triton-url (set them on the Triton side)", " ".join(ignored))
-    return Plan(model_dir, tokenizer_dir, names, remote)
+    return Plan(model, local, tokenizer_dir, names, remote)
 
 
 def model_repository(args: argparse.Namespace) -> str:
@@ -116,10 +123,10 @@ def model_repository(args: argparse.Namespace) -> str:
     return str(Path(kvserve.frontend.__file__).resolve().parent.parent / "model_repository")
 
 
-def start_host(args: argparse.Namespace, model_dir: Path, served_name: str) -> tuple[HostProcess, TritonBackendClient]:
+def start_host(args: argparse.Namespace, model_path: Path, served_name: str) -> tuple[HostProcess, TritonBackendClient]:
     # The engine names the model in its spans (gen_ai.request.model) as clients call it.
     env = {"KVSERVE_SERVED_MODEL_NAME": served_name, **os.environ, **engine_env(args),
-           "KVSERVE_MODEL": str(model_dir.resolve()), "PYTHONUNBUFFERED": "1"}
+           "KVSERVE_MODEL": str(model_path.resolve()), "PYTHONUNBUFFERED": "1"}
     host = HostProcess(host_command(model_repository(args), free_port(), free_port()), env)
     address = host.start(args.startup_timeout)
     client = TritonBackendClient(address.grpc, model_name=args.triton_model_name,
@@ -188,18 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     child: HostProcess | None = None
     try:
         backend: BackendClient
-        if plan.remote:
-            model_dir = plan.model_dir
-        else:
-            model_dir = plan.model_dir or ensure_default_model()
-            child, backend = start_host(args, model_dir, plan.served_names[0])
+        model_path = resolve_model(plan.model) if plan.local else None
+        # The folder of Hugging Face files the gateway reads (a GGUF's are exported from it once).
+        model_dir = gateway_model_dir(model_path) if model_path is not None else None
+        if not plan.remote:
+            child, backend = start_host(args, model_path, plan.served_names[0])
         tokenizer_dir = plan.tokenizer_dir or model_dir
         tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
         if plan.remote:
             backend = build_backend(args, tokenizer)  # the tokenizer keys prefix affinity
         config = GatewayConfig(
             served_model_names=plan.served_names,
-            model_root=str(model_dir) if model_dir else None,
+            model_root=str(model_path) if model_path else None,
             api_keys=api_keys,
             max_request_body_bytes=args.max_request_body_bytes,
             # Derived from the model folder only when this process starts the engine:

@@ -130,6 +130,19 @@ def ensure_known_model(name: str) -> Path:
     return target
 
 
+def resolve_model_arg(value: str) -> str:
+    """A `model` engine argument as a path: empty means the default chat model, a known name is
+    fetched into the cache, `kvserve-tiny` is the random test model; anything else is a path."""
+    if not value:
+        value = DEFAULT_CHAT_MODEL
+    if value == "kvserve-tiny":
+        from kvserve.backend.models.tiny import default_model_dir, make_tiny_model
+        return str(make_tiny_model(default_model_dir()))
+    if value in KNOWN_MODELS and not Path(value).exists():
+        return str(ensure_known_model(value))
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):

@@ -6,13 +6,15 @@ token strings, merges and token types; how text is split before BPE is named by
 The splits below are the ones llama.cpp applies for each name; an unknown name
 is refused rather than guessed (a wrong split gives other token ids, silently).
 
-Run as `python -m kvserve.backend.models.gguf_tokenizer FILE.gguf DIR` it writes
+Run as `python -m kvserve.backend.models.gguf_tokenizer MODEL CACHE_DIR` it writes
 the Hugging Face files the gateway reads (tokenizer.json, tokenizer_config.json,
-config.json, generation_config.json) into DIR: the gateway never imports the
-engine, and both sides then tokenize with the same tokenizer.
+config.json, generation_config.json) into a folder under CACHE_DIR, once per
+file version, and prints that folder: the gateway never imports the engine, and
+both sides then tokenize with the same tokenizer.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from kvserve.backend.models.gguf_checkpoint import field_value, hf_config, open_gguf
+from kvserve.backend.models.gguf_checkpoint import field_value, gguf_file, hf_config, open_gguf
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types (1 normal, 2 unknown, 5 unused, 6 byte)
 
@@ -129,14 +131,26 @@ def export_gateway_files(gguf_path: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
+def gateway_files_dir(model: str | Path, cache_root: str | Path) -> Path:
+    """The exported files of a GGUF checkpoint under cache_root, one folder per file version."""
+    gguf = gguf_file(model)
+    if gguf is None:
+        raise ValueError(f"model: {model} is not a GGUF checkpoint")
+    resolved = gguf.resolve()
+    stat = resolved.stat()
+    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = Path(cache_root) / f"{resolved.stem}-{key}"
+    return out if (out / "tokenizer.json").is_file() else export_gateway_files(resolved, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kvserve.backend.models.gguf_tokenizer FILE.gguf OUT_DIR", file=sys.stderr)
+        print("usage: python -m kvserve.backend.models.gguf_tokenizer MODEL.gguf CACHE_DIR", file=sys.stderr)
         return 2
     try:
-        print(export_gateway_files(args[0], args[1]))
-    except ValueError as exc:
+        print(gateway_files_dir(args[0], args[1]))
+    except (ValueError, OSError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
     return 0

@@ -174,8 +174,8 @@ def _publish(tmp: Path, out: Path, marker: Path, spec: dict) -> None:
 
 
 def default_model_dir() -> Path:
-    base = os.environ.get("KVSERVE_CACHE_DIR") or str(Path.home() / ".cache" / "kvserve")
-    return Path(base) / "tiny-default"
+    from kvserve.backend.models.fetch import cache_dir
+    return cache_dir() / "tiny-default"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,13 +80,17 @@ def test_flag_values_are_checked() -> None:
 def test_plan(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--tokenizer"):
         plan_from_args(parse("--triton-url", "h:8001"))
-    with pytest.raises(UsageError, match="not a local folder"):
+    with pytest.raises(UsageError, match="no such file or folder"):
         plan_from_args(parse("--model", str(tmp_path / "missing")))
     plan = plan_from_args(parse(str(tmp_path)))  # positional, like `vllm serve MODEL`
-    assert plan.model_dir == tmp_path and plan.served_names == [str(tmp_path)] and not plan.remote
+    assert plan.model == str(tmp_path) and plan.local and plan.served_names == [str(tmp_path)] and not plan.remote
     plan = plan_from_args(parse("--triton-url", "h:8001", "--tokenizer", str(tmp_path), "--served-model-name", "m"))
-    assert plan.remote and plan.tokenizer_dir == tmp_path and plan.served_names == ["m"]
-    assert plan_from_args(parse()).served_names == ["kvserve-tiny"]
+    assert plan.remote and not plan.local and plan.tokenizer_dir == tmp_path and plan.served_names == ["m"]
+    # A remote model named by a path that is not here only names it; a known name is fetched for its tokenizer.
+    plan = plan_from_args(parse("--triton-url", "h:8001", "--model", "/models/x", "--tokenizer", str(tmp_path)))
+    assert not plan.local and plan.served_names == ["/models/x"]
+    assert plan_from_args(parse("--triton-url", "h:8001", "--model", "SmolLM2-135M-Instruct")).local
+    assert plan_from_args(parse()).served_names == ["SmolLM2-135M-Instruct"] and plan_from_args(parse()).local
     assert Path(model_repository(parse())) == REPO / "model_repository"
 
 
