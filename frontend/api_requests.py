@@ -130,7 +130,7 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         "top_p": F.opt_number(body, "top_p", 0.0, 1.0, lo_open=True),
         "top_k": F.opt_int(body, "top_k", -1),
         "min_p": F.opt_number(body, "min_p", 0.0, 1.0),
-        "seed": F.opt_int(body, "seed", -(2**63), 2**64 - 1),
+        "seed": F.opt_int(body, "seed"),  # int64, as in vLLM
         "stop": F.opt_str_or_list(body, "stop", max_items=MAX_STOP, max_len=MAX_STOP_CHARS),
         "presence_penalty": F.opt_number(body, "presence_penalty", -2.0, 2.0),
         "frequency_penalty": F.opt_number(body, "frequency_penalty", -2.0, 2.0),

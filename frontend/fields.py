@@ -37,12 +37,19 @@ def opt_bool(body: dict[str, Any], name: str) -> bool | None:
     return value
 
 
+# Every integer a client sets fits in an int64 (as in vLLM): beyond it a value cannot be a span
+# attribute (the OTLP exporter fails the whole batch), a protobuf field or a torch seed.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def opt_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not is_int(value):
         raise _type_error(name, "an integer")
+    lo = INT64_MIN if lo is None else max(lo, INT64_MIN)
+    hi = INT64_MAX if hi is None else min(hi, INT64_MAX)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise bad_request(f"'{name}' must be {_range_text(lo, hi)}", param=name)
     return value

@@ -35,7 +35,8 @@ def test_token_ids_are_checked_against_the_vocabulary() -> None:
     ("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.1),
     ("n", 0), ("n", 17), ("n", True), ("max_tokens", 0), ("max_tokens", "5"), ("min_tokens", -1),
     ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5),
-    ("seed", 1.5), ("seed", 2**64), ("logprobs", 21), ("logprobs", -1), ("echo", 1), ("ignore_eos", "yes"),
+    ("seed", 1.5), ("seed", 2**64), ("seed", 2**63), ("top_k", 2**70), ("max_tokens", 2**63),
+    ("logprobs", 21), ("logprobs", -1), ("echo", 1), ("ignore_eos", "yes"),
     ("stop", ""), ("stop", [""]), ("stop", ["x"] * 65), ("stop", "s" * 300), ("stream", "true"),
     ("user", 5), ("cache_salt", ""), ("logit_bias", {"1": 101}), ("logit_bias", []), ("best_of", 3),
 ])

@@ -146,7 +146,7 @@ def _pump(stream, sink: list[str], lock: threading.Lock) -> None:
 def start_served(args: list[str], *, api_key: str | None = None, env: dict[str, str] | None = None,
                  timeout: float = 180.0) -> Served:
     """`kvserve serve --port 0 ARGS`; returns once the gateway printed its ready line."""
-    full_env = dict(os.environ, OTEL_TRACES_EXPORTER="none", **(env or {}))
+    full_env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})}  # `env` may turn tracing on
     full_env.pop("KVSERVE_API_KEY", None)
     cmd = [sys.executable, "-m", "kvserve.frontend.cli", "serve", "--port", "0", "--log-format", "json", *args]
     if api_key:

@@ -77,8 +77,8 @@ def cases() -> list[tuple[str, str, bytes, dict[str, str]]]:
     for name, values in [("top_p", [0, -0.1, 1.5]), ("top_k", [-2, VOCAB + 1, 10**9]),
                          ("n", [0, -1, 17, 10**6, 10**30]), ("max_tokens", [0, -5, 10**12, 2**70]),
                          ("min_p", [-0.1, 1.1]), ("presence_penalty", [3]), ("frequency_penalty", [-3]),
-                         ("repetition_penalty", [0, 5]), ("logprobs", [-1, 21]), ("seed", [2**64, -(2**63) - 1]),
-                         ("timeout", [0, -1, 10**9]), ("min_tokens", [-1, 10**6]), ("best_of", [3])]:
+                         ("repetition_penalty", [0, 5]), ("logprobs", [-1, 21]), ("seed", [2**63, 2**64, -(2**63) - 1]),
+                         ("timeout", [0, -1, 10**9]), ("min_tokens", [-1, 10**6, 2**63]), ("best_of", [3])]:
         for value in values:
             field(name, value)
     field("max_completion_tokens", 10**9, CHAT)
@@ -149,14 +149,15 @@ def test_bad_input_sweep_is_all_4xx(main_server: Served) -> None:
 
 def test_edge_values_that_are_valid_succeed(main_server: Served) -> None:
     """Values at the edges are accepted: top_k 0 and -1 mean no top-k (same output
-    as leaving it out), the largest seed with n > 1 (its second child's seed wraps;
-    it once left an orphan request behind that broke every later engine step)."""
+    as leaving it out), the largest seed with n > 1 (int64, as in vLLM; its second child's
+    seed passes it: a wrapping child seed once left an orphan request behind that broke every
+    later engine step)."""
     base = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 5}
     plain = main_server.complete(**base)["choices"][0]["text"]
     for top_k in (0, -1):
         assert main_server.complete(**base, top_k=top_k)["choices"][0]["text"] == plain
     assert main_server.complete(**base, top_k=VOCAB)["choices"][0]["text"] == plain  # the whole vocabulary
-    out = main_server.complete(**{**base, "seed": 2**64 - 1, "n": 2})
+    out = main_server.complete(**{**base, "seed": 2**63 - 1, "n": 2})
     assert [c["finish_reason"] for c in out["choices"]] == ["length", "length"]
     chat = main_server.post(CHAT, {"model": "tiny", "messages": [{"role": "user", "content": ""}], "max_tokens": 2})
     assert chat.status == 200  # an empty message still renders a non-empty conversation
