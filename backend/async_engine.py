@@ -27,6 +27,7 @@ from kvserve.backend.outputs import RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.structured.compiler import CompileJob
 from kvserve.observability.thread_names import name_this_thread
+from kvserve.seam.error_wire import ErrorKind
 
 log = logging.getLogger("kvserve.engine")
 
@@ -40,10 +41,11 @@ StepListener = Callable[[LLMEngine, list[RequestOutput], float], None]
 
 class EngineOverloaded(RuntimeError):
     """The waiting queue is full: the caller should answer 503 with Retry-After."""
+    kind = ErrorKind.OVERLOADED
 
 
 class EngineClosed(RuntimeError):
-    pass
+    kind = ErrorKind.SHUTDOWN
 
 
 @dataclass(slots=True)
@@ -192,10 +194,10 @@ class AsyncEngine:
                 self._unhealthy_until = time.monotonic() + FAULT_UNHEALTHY_S
             self._deliver(outputs, started)
         for item in self._compiling.values():
-            self._reject(item, "unavailable: the engine is shutting down", "shutdown")
+            self._reject(item, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
         self._compiling.clear()
         for rid in list(self.engine.groups):
-            out = self.engine.fail(rid, "unavailable: the engine is shutting down", "shutdown")
+            out = self.engine.fail(rid, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
             if out is not None:
                 self._deliver([out], time.time())
 
@@ -246,7 +248,8 @@ class AsyncEngine:
                 log.warning("grammar of request %s did not compile within %.1f s", rid,
                             self.engine.grammars.timeout_s)
                 self._reject(item, f"structured_outputs: the {job.spec.kind} constraint did not compile "
-                                   f"within {self.engine.grammars.timeout_s:g} s", "invalid")
+                                   f"within {self.engine.grammars.timeout_s:g} s", ErrorKind.INVALID,
+                             "structured_outputs")
 
     def _add(self, item: _Add) -> None:
         try:
@@ -255,17 +258,17 @@ class AsyncEngine:
                                     item.traceparent, compiled_grammar=grammar)
             self._callbacks[item.request_id] = item.callback
         except ValueError as exc:
-            self._reject(item, str(exc), "invalid")
+            self._reject(item, str(exc), getattr(exc, "kind", ErrorKind.INVALID), getattr(exc, "param", None))
         except Exception as exc:  # anything else must cost this request only, not the engine thread
             log.error("adding request %s failed (%s)", item.request_id, type(exc).__name__)
             log.debug("add_request failure", exc_info=True)
-            self._reject(item, "internal error: the request could not be added", "internal")
+            self._reject(item, "internal error: the request could not be added", ErrorKind.INTERNAL)
 
     @staticmethod
-    def _reject(item: _Add, message: str, kind: str) -> None:
+    def _reject(item: _Add, message: str, kind: ErrorKind, param: str | None = None) -> None:
         try:
             item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=message,
-                                        error_kind=kind))
+                                        error_kind=kind, error_param=param))
         except Exception:
             log.error("output callback failed for request %s", item.request_id)
 

@@ -24,6 +24,7 @@ from kvserve.backend.scheduler import Scheduler
 from kvserve.backend.structured.compiler import GrammarCompiler
 from kvserve.backend.structured.matchers import GrammarMatchers
 from kvserve.backend.tokenizer import ModelTokenizer
+from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 
 log = logging.getLogger("kvserve.engine")
 
@@ -81,21 +82,22 @@ class LLMEngine:
     def validate_prompt(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt: must not be empty")
+                raise invalid("prompt", "must not be empty")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
             if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size for t in ids):
-                raise ValueError(f"prompt: token ids must be integers in [0, {self.vocab_size})")
+                raise invalid("prompt", f"token ids must be integers in [0, {self.vocab_size})")
         if not ids:
-            raise ValueError("prompt: must not be empty")
+            raise invalid("prompt", "must not be empty")
         params.check_vocab(self.vocab_size)
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"context_length_exceeded: the prompt has {len(ids)} tokens; this model's "
-                             f"maximum context length is {self.max_model_len} tokens")
+            raise RequestError(f"context_length_exceeded: the prompt has {len(ids)} tokens; this model's "
+                               f"maximum context length is {self.max_model_len} tokens", "prompt", ErrorKind.CONTEXT_LENGTH)
         if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"context_length_exceeded: prompt ({len(ids)} tokens) + max_tokens "
-                             f"({params.max_tokens}) exceed the maximum context length {self.max_model_len}")
+            raise RequestError(f"context_length_exceeded: prompt ({len(ids)} tokens) + max_tokens "
+                               f"({params.max_tokens}) exceed the maximum context length {self.max_model_len}",
+                               "prompt", ErrorKind.CONTEXT_LENGTH)
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -104,7 +106,7 @@ class LLMEngine:
         """`compiled_grammar`: the AsyncEngine compiles off this thread and passes it; without
         it a constrained request is compiled here (the offline LLM API)."""
         if request_id in self.groups:
-            raise ValueError(f"request_id: {request_id!r} is already in flight")
+            raise invalid("request_id", f"{request_id!r} is already in flight")
         ids = self.validate_prompt(prompt, params)
         if params.grammar is not None and compiled_grammar is None:
             compiled_grammar = self.grammars.compile(params.grammar)
@@ -141,10 +143,11 @@ class LLMEngine:
         """Stop a request now and free its blocks; returns its final (aborted) output."""
         return self._finish_group(request_id, RequestStatus.FINISHED_ABORTED)
 
-    def fail(self, request_id: str, message: str, kind: str = "internal") -> RequestOutput | None:
+    def fail(self, request_id: str, message: str, kind: ErrorKind = ErrorKind.INTERNAL,
+             param: str | None = None) -> RequestOutput | None:
         out = self._finish_group(request_id, RequestStatus.FINISHED_ERROR)
         if out is not None:
-            out.error, out.error_kind = message, kind
+            out.error, out.error_kind, out.error_param = message, kind, param
         return out
 
     def _finish_group(self, request_id: str, status: RequestStatus) -> RequestOutput | None:
@@ -206,7 +209,8 @@ class LLMEngine:
         for parent_id in dict.fromkeys(refused):
             touched.pop(parent_id, None)
             out = self.fail(parent_id, "structured_outputs: the constraint allowed no token here "
-                                       "(min_tokens, logit_bias or ignore_eos conflict with it)", "invalid")
+                                       "(min_tokens, logit_bias or ignore_eos conflict with it)",
+                            ErrorKind.INVALID, "structured_outputs")
             if out is not None:
                 outputs.append(out)
         for parent_id, deltas in touched.items():
@@ -286,7 +290,7 @@ class LLMEngine:
         outs = []
         for rid in expired:
             out = self.fail(rid, f"timeout: the request did not finish within {self.groups[rid].params.timeout} s",
-                            "timeout")
+                            ErrorKind.TIMEOUT)
             if out is not None:
                 outs.append(out)
         return outs

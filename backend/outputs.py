@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvserve.seam.error_wire import ErrorKind
+
 
 @dataclass(slots=True)
 class TokenLogprob:
@@ -49,5 +51,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt: str | None = None
     error: str | None = None
-    error_kind: str | None = None  # "invalid" | "timeout" | "internal" | "shutdown"
+    error_kind: ErrorKind | None = None  # set with `error`
+    error_param: str | None = None  # the field at fault, for ErrorKind.INVALID
     metrics: RequestMetrics | None = None  # set on the final output only

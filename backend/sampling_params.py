@@ -1,4 +1,4 @@
-"""Sampling parameters of one request. Every bad value raises ValueError naming the field."""
+"""Sampling parameters of one request. Every bad value raises a ValueError (`RequestError`) naming the field."""
 from __future__ import annotations
 
 import math
@@ -6,11 +6,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvserve.backend.structured.spec import GrammarSpec, parse_spec
-
-_MAX_N = 16
-_MAX_STOP_STRINGS = 64
-_MAX_STOP_STRING_CHARS = 256
-_MAX_LOGPROBS = 20
+from kvserve.seam.error_wire import RequestError, invalid
+from kvserve.seam.limits import (MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
+                                 MAX_TIMEOUT_S)
 
 
 @dataclass(slots=True)
@@ -49,49 +47,48 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _int_in("n", self.n, 1, _MAX_N)
+        _int_in("n", self.n, 1, MAX_N)
         if self.max_tokens is not None:
             _int_in("max_tokens", self.max_tokens, 1, None)
         _int_in("min_tokens", self.min_tokens, 0, None)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError("min_tokens: must be <= max_tokens")
+            raise invalid("min_tokens", "must be <= max_tokens")
         _float_in("temperature", self.temperature, 0.0, 100.0)
         _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if not _is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
-            raise ValueError(f"top_k: must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+            raise invalid("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         _float_in("min_p", self.min_p, 0.0, 1.0)
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
         if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
-        if len(self.stop) > _MAX_STOP_STRINGS:
-            raise ValueError(f"stop: at most {_MAX_STOP_STRINGS} stop strings")
+            raise invalid("seed", f"must be an integer, got {self.seed!r}")
+        if len(self.stop) > MAX_STOP:
+            raise invalid("stop", f"at most {MAX_STOP} stop strings")
         for s in self.stop:
-            if not isinstance(s, str) or not s or len(s) > _MAX_STOP_STRING_CHARS:
-                raise ValueError(f"stop: each stop string must be a non-empty string of at most "
-                                 f"{_MAX_STOP_STRING_CHARS} characters")
-        if len(self.stop_token_ids) > _MAX_STOP_STRINGS or not all(
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
+                raise invalid("stop", f"each stop string must be a non-empty string of at most "
+                                      f"{MAX_STOP_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP or not all(
                 _is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids: must be a list of at most "
-                             f"{_MAX_STOP_STRINGS} non-negative integers")
+            raise invalid("stop_token_ids", f"must be a list of at most {MAX_STOP} non-negative integers")
         if self.logprobs is not None:
-            _int_in("logprobs", self.logprobs, 0, _MAX_LOGPROBS)
-        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > 1024:
-            raise ValueError("logit_bias: must be a map of at most 1024 token ids to biases")
+            _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", f"must be a map of at most {MAX_LOGIT_BIAS} token ids to biases")
         for token, bias in self.logit_bias.items():
             if not _is_int(token) or token < 0:
-                raise ValueError(f"logit_bias: token ids must be non-negative integers, got {token!r}")
-            _float_in("logit_bias", bias, -100.0, 100.0)
+                raise invalid("logit_bias", f"token ids must be non-negative integers, got {token!r}")
+            _float_in("logit_bias", bias, -MAX_LOGIT_BIAS_VALUE, MAX_LOGIT_BIAS_VALUE)
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
-            raise ValueError("cache_salt: must be a non-empty string")
+            raise invalid("cache_salt", "must be a non-empty string")
         if self.timeout is not None:
-            _float_in("timeout", self.timeout, 0.0, 86400.0, low_open=True)
+            _float_in("timeout", self.timeout, 0.0, MAX_TIMEOUT_S, low_open=True)
         if self.structured_outputs is not None:
             self.grammar = parse_spec(self.structured_outputs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: must be a boolean")
+                raise invalid(name, "must be a boolean")
 
     @property
     def greedy(self) -> bool:
@@ -100,28 +97,28 @@ class SamplingParams:
     def check_vocab(self, vocab_size: int) -> None:
         """Checks that need the model: token ids in range, top_k within the vocabulary."""
         if self.top_k > vocab_size:
-            raise ValueError(f"top_k: must be <= the vocabulary size {vocab_size}")
+            raise invalid("top_k", f"must be <= the vocabulary size {vocab_size}")
         for t in self.stop_token_ids:
             if t >= vocab_size:
-                raise ValueError(f"stop_token_ids: token id {t} is outside the vocabulary ({vocab_size})")
+                raise invalid("stop_token_ids", f"token id {t} is outside the vocabulary ({vocab_size})")
         for t in self.logit_bias:
             if t >= vocab_size:
-                raise ValueError(f"logit_bias: token id {t} is outside the vocabulary ({vocab_size})")
+                raise invalid("logit_bias", f"token id {t} is outside the vocabulary ({vocab_size})")
 
     @classmethod
     def from_dict(cls, data: Any) -> "SamplingParams":
         """From JSON (the Triton `sampling_parameters` input): unknown keys are an error, not ignored."""
         if not isinstance(data, dict):
-            raise ValueError("sampling_parameters: must be a JSON object")
+            raise invalid("sampling_parameters", "must be a JSON object")
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown sampling parameter")
+            raise RequestError(f"{unknown[0]}: unknown sampling parameter", "sampling_parameters")
         values = {k: v for k, v in data.items() if v is not None}  # JSON keys of logit_bias: see __post_init__
         try:
             return cls(**values)
         except TypeError as exc:
-            raise ValueError(f"sampling_parameters: {exc}") from None
+            raise invalid("sampling_parameters", str(exc)) from None
 
 
 def _is_int(value: Any) -> bool:
@@ -136,12 +133,12 @@ def _is_int_keyed(mapping: Any) -> bool:
 def _int_in(name: str, value: Any, low: int, high: int | None) -> None:
     if not _is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name}: must be an integer {bound}, got {value!r}")
+        raise invalid(name, f"must be an integer {bound}, got {value!r}")
 
 
 def _float_in(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: must be a finite number, got {value!r}")
+        raise invalid(name, f"must be a finite number, got {value!r}")
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["
-        raise ValueError(f"{name}: must be in {bracket}{low}, {high}], got {value!r}")
+        raise invalid(name, f"must be in {bracket}{low}, {high}], got {value!r}")

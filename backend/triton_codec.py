@@ -1,8 +1,8 @@
 """Triton tensors <-> engine requests and outputs, for model.py (no engine state here).
 
-The tensor contract is model_repository/llm/config.pbtxt: one response per
-choice per step, deltas only; the last response of a request carries the FINAL
-flag.
+The tensor names are kvserve.seam.tensors (config.pbtxt declares the same,
+tests/contract checks it): one response per choice per step, deltas only; the
+last response of a request carries the FINAL flag.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import numpy as np
 
 from kvserve.backend.outputs import CompletionOutput, TokenLogprob
 from kvserve.backend.sampling_params import SamplingParams
-
-_MAX_PROMPT_TOKENS = 1 << 20
+from kvserve.seam import tensors as T
+from kvserve.seam.error_wire import invalid
+from kvserve.seam.limits import MAX_PROMPT_TOKENS
 
 
 @dataclass(slots=True)
@@ -40,7 +41,7 @@ def _first_scalar(pb_utils, request, name: str):
         return None
     arr = tensor.as_numpy()
     if arr.size == 0:
-        raise ValueError(f"{name}: must not be empty")
+        raise invalid(name, "must not be empty")
     return arr.reshape(-1)[0]
 
 
@@ -49,40 +50,40 @@ def _as_text(value, name: str) -> str:
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            raise ValueError(f"{name}: must be valid UTF-8") from None
+            raise invalid(name, "must be valid UTF-8") from None
     if isinstance(value, str):
         return value
-    raise ValueError(f"{name}: must be a string (BYTES tensor)")
+    raise invalid(name, "must be a string (BYTES tensor)")
 
 
 def parse_request(pb_utils, request) -> ParsedRequest:
     """Read inputs; any problem raises ValueError naming the input or field."""
-    text = _first_scalar(pb_utils, request, "text_input")
-    ids_tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
+    text = _first_scalar(pb_utils, request, T.TEXT_INPUT)
+    ids_tensor = pb_utils.get_input_tensor_by_name(request, T.INPUT_IDS)
     if text is not None and ids_tensor is not None:
-        raise ValueError("text_input: give either text_input or input_ids, not both")
+        raise invalid(T.TEXT_INPUT, f"give either {T.TEXT_INPUT} or {T.INPUT_IDS}, not both")
     if text is not None:
-        prompt: str | list[int] = _as_text(text, "text_input")
+        prompt: str | list[int] = _as_text(text, T.TEXT_INPUT)
     elif ids_tensor is not None:
         arr = ids_tensor.as_numpy()
         if arr.dtype.kind not in "iu":
-            raise ValueError("input_ids: must be an INT32 tensor")
-        if arr.size > _MAX_PROMPT_TOKENS:
-            raise ValueError("input_ids: too many tokens")
+            raise invalid(T.INPUT_IDS, "must be an INT32 tensor")
+        if arr.size > MAX_PROMPT_TOKENS:
+            raise invalid(T.INPUT_IDS, "too many tokens")
         prompt = [int(x) for x in arr.reshape(-1)]
     else:
-        raise ValueError("text_input: one of text_input or input_ids is required")
-    raw = _first_scalar(pb_utils, request, "sampling_parameters")
+        raise invalid(T.TEXT_INPUT, f"one of {T.TEXT_INPUT} or {T.INPUT_IDS} is required")
+    raw = _first_scalar(pb_utils, request, T.SAMPLING_PARAMETERS)
     try:
-        data = json.loads(_as_text(raw, "sampling_parameters")) if raw is not None else {}
+        data = json.loads(_as_text(raw, T.SAMPLING_PARAMETERS)) if raw is not None else {}
     except json.JSONDecodeError as exc:
-        raise ValueError(f"sampling_parameters: malformed JSON ({exc.msg})") from None
+        raise invalid(T.SAMPLING_PARAMETERS, f"malformed JSON ({exc.msg})") from None
     params = SamplingParams.from_dict(data)
-    stream = _first_scalar(pb_utils, request, "stream")
+    stream = _first_scalar(pb_utils, request, T.STREAM)
     traceparent = None
     try:
         extra = json.loads(request.parameters() or "{}")
-        value = extra.get("traceparent")
+        value = extra.get(T.TRACEPARENT_PARAM)
         traceparent = value if isinstance(value, str) else None
     except (AttributeError, json.JSONDecodeError, TypeError):
         pass
@@ -107,15 +108,15 @@ def choice_tensors(pb_utils, tokenizer, choice: CompletionOutput, totals: Choice
                    cached_tokens: int, want_logprobs: bool) -> list:
     """The output tensors of one response for one choice (text/ids/logprobs are this response's delta)."""
     tensors = [
-        pb_utils.Tensor("text_output", np.array([choice.text.encode("utf-8")], dtype=np.object_)),
-        pb_utils.Tensor("output_ids", np.array(choice.token_ids, dtype=np.int32)),
-        pb_utils.Tensor("finish_reason", np.array([(choice.finish_reason or "").encode()], dtype=np.object_)),
-        pb_utils.Tensor("index", np.array([choice.index], dtype=np.int32)),
-        pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
-        pb_utils.Tensor("completion_tokens", np.array([totals.completion_tokens], dtype=np.int32)),
-        pb_utils.Tensor("cached_tokens", np.array([cached_tokens], dtype=np.int32)),
+        pb_utils.Tensor(T.TEXT_OUTPUT, np.array([choice.text.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor(T.OUTPUT_IDS, np.array(choice.token_ids, dtype=np.int32)),
+        pb_utils.Tensor(T.FINISH_REASON, np.array([(choice.finish_reason or "").encode()], dtype=np.object_)),
+        pb_utils.Tensor(T.INDEX, np.array([choice.index], dtype=np.int32)),
+        pb_utils.Tensor(T.PROMPT_TOKENS, np.array([prompt_tokens], dtype=np.int32)),
+        pb_utils.Tensor(T.COMPLETION_TOKENS, np.array([totals.completion_tokens], dtype=np.int32)),
+        pb_utils.Tensor(T.CACHED_TOKENS, np.array([cached_tokens], dtype=np.int32)),
     ]
     if want_logprobs:
         payload = logprobs_json(tokenizer, choice.logprobs or [])
-        tensors.append(pb_utils.Tensor("logprobs", np.array([payload.encode()], dtype=np.object_)))
+        tensors.append(pb_utils.Tensor(T.LOGPROBS, np.array([payload.encode()], dtype=np.object_)))
     return tensors

@@ -25,6 +25,7 @@ from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
 from kvserve.observability.thread_names import name_this_thread
+from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 
 log = logging.getLogger("kvserve.backend")
 _POLL_S = 0.01
@@ -107,14 +108,16 @@ class TritonLLMModel:
                     self._live.pop(rid, None)
                     raise
                 live.log.queued(parsed.prompt, parsed.params, parsed.stream, self.tokenizer)
+            except RequestError as exc:
+                self._send_error(sender, exc.wire())
             except ValueError as exc:
-                self._send_error(sender, str(exc), self.pb.TritonError.INVALID_ARG)
+                self._send_error(sender, WireError(ErrorKind.INVALID, str(exc)))
             except (EngineOverloaded, EngineClosed) as exc:
-                self._send_error(sender, f"unavailable: {exc}", self.pb.TritonError.UNAVAILABLE)
+                self._send_error(sender, WireError(exc.kind, f"unavailable: {exc}"))
             except Exception as exc:  # no traceback in the logs: it names files (debug level has it)
                 log.error("could not queue a request (%s)", type(exc).__name__)
                 log.debug("queueing failure", exc_info=True)
-                self._send_error(sender, "internal error while queueing the request", self.pb.TritonError.INTERNAL)
+                self._send_error(sender, WireError(ErrorKind.INTERNAL, "internal error while queueing the request"))
         return None
 
     def is_model_ready(self) -> bool:
@@ -164,9 +167,8 @@ class TritonLLMModel:
             return  # cancelled: the engine's final output for it is dropped below
         try:
             if out.error is not None:
-                codes = {"invalid": self.pb.TritonError.INVALID_ARG, "timeout": self.pb.TritonError.UNAVAILABLE,
-                         "shutdown": self.pb.TritonError.UNAVAILABLE}
-                self._send_error(live.sender, out.error, codes.get(out.error_kind, self.pb.TritonError.INTERNAL))
+                self._send_error(live.sender, WireError(out.error_kind or ErrorKind.INTERNAL, out.error,
+                                                        out.error_param))
                 return
             responses = []
             for choice in self._due_choices(live, out):
@@ -222,13 +224,22 @@ class TritonLLMModel:
             due.extend(live.held.pop(index) for index in sorted(live.held))
         return due
 
-    def _send_error(self, sender, message: str, code) -> None:
+    def _send_error(self, sender, error: WireError) -> None:
         try:
-            error = self.pb.TritonError(message, code)
-            sender.send(self.pb.InferenceResponse(output_tensors=[], error=error),
+            triton_error = self.pb.TritonError(error.format(), self._triton_code(error.kind))
+            sender.send(self.pb.InferenceResponse(output_tensors=[], error=triton_error),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:
             log.error("sending an error response failed (%s)", type(exc).__name__)
+
+    def _triton_code(self, kind: ErrorKind):
+        """The gRPC status a direct client of tritonserver sees (the gateway reads the kind)."""
+        errors = self.pb.TritonError
+        if kind in (ErrorKind.INVALID, ErrorKind.CONTEXT_LENGTH):
+            return errors.INVALID_ARG
+        if kind in (ErrorKind.OVERLOADED, ErrorKind.SHUTDOWN, ErrorKind.TIMEOUT):
+            return errors.UNAVAILABLE
+        return errors.INTERNAL
 
 
 def _merge(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput:

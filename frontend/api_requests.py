@@ -12,16 +12,12 @@ from typing import Any
 
 from kvserve.frontend import fields as F
 from kvserve.frontend.errors import bad_request, not_supported
+# The engine's limits: the gateway checks them first, to answer in the client's field names.
+from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
 
-MAX_N = 16  # the engine's SamplingParams limit
 MAX_PROMPTS = 256
 MAX_CHOICES = 1024
-MAX_LOGPROBS = 20
-MAX_STOP = 64
-MAX_STOP_CHARS = 256
-MAX_LOGIT_BIAS = 1024
 MAX_MESSAGES = 4096
-MAX_TIMEOUT_S = 86400.0  # the engine's SamplingParams limit
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 

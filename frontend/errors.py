@@ -11,6 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
+from kvserve.seam import tensors as T
+from kvserve.seam.error_wire import ErrorKind
+
 # Long messages are cut: a client that sends a 1 MB prompt must not get it back.
 MAX_MESSAGE_CHARS = 512
 
@@ -106,15 +109,15 @@ def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
     if isinstance(exc, BackendRejected):
         if exc.overloaded:
             return ApiError(503, "the server is overloaded, retry later", code="overloaded", headers={"Retry-After": "1"})
-        if exc.code == "timeout":
+        if exc.kind is ErrorKind.TIMEOUT:
             # The client's own `timeout` ran out: a 4xx (408), not a server failure.
             return ApiError(408, exc.message, code="timeout", type="timeout_error")
-        if exc.code == "context_length_exceeded":
+        if exc.kind is ErrorKind.CONTEXT_LENGTH:
             return ApiError(400, exc.message, param=prompt_param, code="context_length_exceeded")
-        param = exc.field
-        if param == "sampling_parameters":
+        param = exc.param
+        if param == T.SAMPLING_PARAMETERS:
             param = None
-        elif param in ("prompt", "input_ids", "text_input"):
+        elif param in ("prompt", T.INPUT_IDS, T.TEXT_INPUT):
             param = prompt_param
         elif param == "logprobs" and prompt_param == "messages":
             param = "top_logprobs"

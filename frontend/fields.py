@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from kvserve.frontend.errors import ApiError, bad_request
+from kvserve.seam.limits import MAX_LOGIT_BIAS_VALUE
 
 
 def _type_error(name: str, expected: str) -> ApiError:
@@ -125,7 +126,8 @@ def opt_logit_bias(body: dict[str, Any], name: str, vocab_size: int | None, *, m
             raise bad_request(f"'{name}' keys must be token ids", param=name) from None
         if not 0 <= token < limit:
             raise bad_request(f"'{name}' holds a token id outside [0, {limit})", param=name)
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise bad_request(f"'{name}' values must be numbers between -100 and 100", param=name)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not abs(bias) <= MAX_LOGIT_BIAS_VALUE:
+            raise bad_request(f"'{name}' values must be numbers between -{MAX_LOGIT_BIAS_VALUE:g} and "
+                              f"{MAX_LOGIT_BIAS_VALUE:g}", param=name)
         out[str(token)] = float(bias)
     return out

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvserve.frontend.api_requests import (
-    CHAT_ROLES, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PROMPTS, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
+from kvserve.frontend.api_requests import CHAT_ROLES, MAX_PROMPTS
+from kvserve.seam.limits import (
+    MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
 )
 
 # Reachable without a key; every other route (this document included) needs one when keys are set.
@@ -55,7 +56,8 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "repetition_penalty": _num(0, 2, exclusive_lo=True),
         "ignore_eos": _bool(),
         "logit_bias": {"type": "object", "nullable": True, "maxProperties": MAX_LOGIT_BIAS,
-                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+                       "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS_VALUE,
+                                                 "maximum": MAX_LOGIT_BIAS_VALUE}},
         "user": {"type": "string", "maxLength": 256, "nullable": True},
         "stream": _bool(),
         "stream_options": {"type": "object", "nullable": True, "description": "used only with stream: true",

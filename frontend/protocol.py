@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
+from kvserve.seam.error_wire import ErrorKind
+
 
 @dataclass(slots=True, frozen=True)
 class TopLogprob:
@@ -71,18 +73,20 @@ class ShuttingDown(BackendUnavailable):
 
 
 class BackendRejected(BackendError):
-    """The engine refused the request (bad field, prompt too long, overloaded).
+    """The engine refused or ended the request (bad field, prompt too long,
+    overloaded, its timeout ran out): `kind` says which, `param` names the
+    field at fault (the engine's name: a SamplingParams field or the prompt)."""
 
-    `field` is the SamplingParams field named at the start of the engine's
-    message, `code` a machine-readable reason such as `context_length_exceeded`.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None, code: str | None = None, overloaded: bool = False) -> None:
+    def __init__(self, message: str, *, kind: ErrorKind = ErrorKind.INVALID, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.field = field
-        self.code = code
-        self.overloaded = overloaded
+        self.kind = kind
+        self.param = param
+
+    @property
+    def overloaded(self) -> bool:
+        """Another replica may take it: the engine's queue is full or it is closing."""
+        return self.kind.retryable
 
 
 class BackendFailed(BackendError):

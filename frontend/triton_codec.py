@@ -2,12 +2,12 @@
 model's responses back into `ChoiceDelta`s. Pure functions over protobufs, so
 they are unit-tested without a server.
 
-The tensor contract is `model_repository/llm/config.pbtxt`.
+The tensor names and the error format are kvserve.seam's (config.pbtxt
+declares the same tensors; tests/contract checks both).
 """
 from __future__ import annotations
 
 import json
-import re
 import struct
 from typing import Any
 
@@ -22,26 +22,8 @@ from kvserve.frontend.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-
-# The SamplingParams fields the engine names at the start of a validation error
-# ("max_tokens: must be >= 1"), plus the prompt itself.
-SAMPLING_FIELDS = frozenset(
-    {
-        "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-        "stop", "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty",
-        "repetition_penalty", "logprobs", "logit_bias", "include_stop_str_in_output",
-        "skip_special_tokens", "cache_salt", "prompt", "input_ids", "text_input", "sampling_parameters",
-    }
-)
-# Triton may wrap the model's message ("... message: ValueError: max_tokens: ..."),
-# so the field is searched for, not only matched at position 0.
-_FIELD_ERROR = re.compile(r"(?:^|[\s:])(" + "|".join(sorted(SAMPLING_FIELDS, key=len, reverse=True)) + r"): ")
-_CONTEXT_ERROR = "context_length_exceeded"
-# The engine's "unavailable: the waiting queue is full" (EngineOverloaded / closed).
-_OVERLOADED = re.compile(r"(?:^|[\s:])(unavailable|overloaded):")
-# The gateway validates `timeout` before sending it, so a "timeout: ..." error is
-# the engine ending a request that ran past its deadline, not a validation error.
-_TIMEOUT = re.compile(r"(?:^|[\s:])timeout:")
+from kvserve.seam import tensors as T
+from kvserve.seam.error_wire import ErrorKind, WireError
 
 FINAL_PARAM = "triton_final_response"
 EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
@@ -55,18 +37,18 @@ def _bytes_tensor(values: list[bytes]) -> bytes:
 def build_request(model_name: str, req: GenerateRequest) -> service_pb2.ModelInferRequest:
     msg = service_pb2.ModelInferRequest(model_name=model_name, id=req.request_id)
     if isinstance(req.prompt, str):
-        _add_input(msg, "text_input", "BYTES", [1], _bytes_tensor([req.prompt.encode("utf-8")]))
+        _add_input(msg, T.TEXT_INPUT, "BYTES", [1], _bytes_tensor([req.prompt.encode("utf-8")]))
     else:
         ids = req.prompt
-        _add_input(msg, "input_ids", "INT32", [len(ids)], struct.pack(f"<{len(ids)}i", *ids))
+        _add_input(msg, T.INPUT_IDS, "INT32", [len(ids)], struct.pack(f"<{len(ids)}i", *ids))
     sampling = json.dumps(req.sampling, separators=(",", ":")).encode("utf-8")
-    _add_input(msg, "sampling_parameters", "BYTES", [1], _bytes_tensor([sampling]))
-    _add_input(msg, "stream", "BOOL", [1], b"\x01" if req.stream else b"\x00")
+    _add_input(msg, T.SAMPLING_PARAMETERS, "BYTES", [1], _bytes_tensor([sampling]))
+    _add_input(msg, T.STREAM, "BOOL", [1], b"\x01" if req.stream else b"\x00")
     # Without this, a model that ends a request with a flags-only FINAL response
     # (no tensors) would leave the client waiting for an end it never sees.
     msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
     if req.traceparent:
-        msg.parameters["traceparent"].string_param = req.traceparent
+        msg.parameters[T.TRACEPARENT_PARAM].string_param = req.traceparent
     return msg
 
 
@@ -87,17 +69,17 @@ def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
     if not resp.outputs:
         return None
     result = _ResponseTensors(resp)
-    finish = result.first_str("finish_reason")
+    finish = result.first_str(T.FINISH_REASON)
     delta = ChoiceDelta(
-        index=result.first_int("index"),
-        text=result.first_str("text_output"),
-        token_ids=result.ints("output_ids"),
+        index=result.first_int(T.INDEX),
+        text=result.first_str(T.TEXT_OUTPUT),
+        token_ids=result.ints(T.OUTPUT_IDS),
         finish_reason=finish or None,
-        prompt_tokens=result.first_int("prompt_tokens"),
-        completion_tokens=result.first_int("completion_tokens"),
-        cached_tokens=result.first_int("cached_tokens"),
+        prompt_tokens=result.first_int(T.PROMPT_TOKENS),
+        completion_tokens=result.first_int(T.COMPLETION_TOKENS),
+        cached_tokens=result.first_int(T.CACHED_TOKENS),
     )
-    raw_logprobs = result.first_str("logprobs")
+    raw_logprobs = result.first_str(T.LOGPROBS)
     if raw_logprobs:
         delta.logprobs = parse_logprobs(raw_logprobs)
     return delta
@@ -194,16 +176,10 @@ def parse_logprobs(raw: str) -> list[TokenLogprob]:
 
 
 def classify_error(message: str) -> BackendError:
-    """Map the engine's error text onto the gateway's error kinds."""
-    if _CONTEXT_ERROR in message:
-        start = message.index(_CONTEXT_ERROR)
-        return BackendRejected(message[start:], field="prompt", code=_CONTEXT_ERROR)
-    if _OVERLOADED.search(message):
-        return BackendRejected(message, overloaded=True)
-    timeout = _TIMEOUT.search(message)
-    if timeout:
-        return BackendRejected(message[timeout.start():].lstrip(" :"), code="timeout")
-    match = _FIELD_ERROR.search(message)
-    if match:
-        return BackendRejected(message[match.start(1):], field=match.group(1))
-    return BackendFailed(message)
+    """A backend's error message -> the gateway's error: the engine's own errors
+    carry their kind and field (kvserve.seam.error_wire); anything else came from
+    the server itself and is a failure."""
+    error = WireError.parse(message)
+    if error is None or error.kind is ErrorKind.INTERNAL:
+        return BackendFailed(message if error is None else error.message)
+    return BackendRejected(error.message, kind=error.kind, param=error.param)

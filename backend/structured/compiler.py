@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from kvserve.backend.structured.spec import FIELD, GrammarSpec
+from kvserve.seam.error_wire import invalid
 
 log = logging.getLogger("kvserve.engine.grammar")
 
@@ -94,7 +95,7 @@ class GrammarCompiler:
         except ValueError:
             raise
         except Exception as exc:  # xgrammar reports every bad grammar as a RuntimeError with a C++ location
-            raise ValueError(f"{FIELD}: the {spec.kind} constraint does not compile: {_reason(exc)}") from None
+            raise invalid(FIELD, f"the {spec.kind} constraint does not compile: {_reason(exc)}") from None
         with self._lock:
             self.compiles += 1
             self._cache[spec.key] = compiled
@@ -158,9 +159,9 @@ def _compile(compiler, spec: GrammarSpec):
         try:
             tag = xgr.StructuralTag.from_json(json.loads(spec.text))
         except Exception as exc:
-            raise ValueError(f"{FIELD}: not a valid structural_tag: {_reason(exc)}") from None
+            raise invalid(FIELD, f"not a valid structural_tag: {_reason(exc)}") from None
         return compiler.compile_structural_tag(tag)
-    raise ValueError(f"{FIELD}: unknown constraint {spec.kind!r}")
+    raise invalid(FIELD, f"unknown constraint {spec.kind!r}")
 
 
 def _reason(exc: BaseException) -> str:

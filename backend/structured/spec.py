@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.seam.error_wire import invalid
+
 FIELD = "structured_outputs"
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar in its canonical text
@@ -56,50 +58,50 @@ class GrammarSpec:
 def parse_spec(value: Any) -> GrammarSpec:
     """The checks that need no compiler; ValueError names `structured_outputs`."""
     if not isinstance(value, dict):
-        raise ValueError(f"{FIELD}: must be an object with one of {', '.join(KINDS)}")
+        raise invalid(FIELD, f"must be an object with one of {', '.join(KINDS)}")
     options = {k: v for k, v in value.items() if v is not None and v is not False}
     unknown = sorted(set(options) - set(KINDS))
     if unknown:
-        raise ValueError(f"{FIELD}: unknown constraint {unknown[0]!r} (known: {', '.join(KINDS)})")
+        raise invalid(FIELD, f"unknown constraint {unknown[0]!r} (known: {', '.join(KINDS)})")
     if len(options) != 1:
-        raise ValueError(f"{FIELD}: exactly one of {', '.join(KINDS)} must be set")
+        raise invalid(FIELD, f"exactly one of {', '.join(KINDS)} must be set")
     kind, raw = next(iter(options.items()))
     if kind == "json_object":
         if raw is not True:
-            raise ValueError(f"{FIELD}: json_object must be true")
+            raise invalid(FIELD, f"json_object must be true")
         return GrammarSpec(kind, "")
     if kind == "choice":
         if (not isinstance(raw, list) or not raw or len(raw) > MAX_CHOICES
                 or not all(isinstance(c, str) and c for c in raw)):
-            raise ValueError(f"{FIELD}: choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
+            raise invalid(FIELD, f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
         return _bounded(GrammarSpec(kind, _choice_grammar(raw)))
     if kind in ("json", "structural_tag"):
         doc = _json_value(raw, kind)
         if kind == "json":
             check_schema(doc)
         elif not isinstance(doc, dict):
-            raise ValueError(f"{FIELD}: structural_tag must be an object")
+            raise invalid(FIELD, f"structural_tag must be an object")
         return _bounded(GrammarSpec(kind, json.dumps(doc, sort_keys=True, separators=(",", ":"),
                                                       ensure_ascii=False)))
     if not isinstance(raw, str) or not raw:
-        raise ValueError(f"{FIELD}: {kind} must be a non-empty string")
+        raise invalid(FIELD, f"{kind} must be a non-empty string")
     return _bounded(GrammarSpec(kind, raw))
 
 
 def _bounded(spec: GrammarSpec) -> GrammarSpec:
     if len(spec.text) > MAX_SPEC_CHARS:
-        raise ValueError(f"{FIELD}: the {spec.kind} constraint is longer than {MAX_SPEC_CHARS} characters")
+        raise invalid(FIELD, f"the {spec.kind} constraint is longer than {MAX_SPEC_CHARS} characters")
     return spec
 
 
 def _json_value(raw: Any, kind: str) -> Any:
     if isinstance(raw, str):
         if len(raw) > MAX_SPEC_CHARS:
-            raise ValueError(f"{FIELD}: the {kind} constraint is longer than {MAX_SPEC_CHARS} characters")
+            raise invalid(FIELD, f"the {kind} constraint is longer than {MAX_SPEC_CHARS} characters")
         try:
             return json.loads(raw)
         except ValueError:
-            raise ValueError(f"{FIELD}: {kind} is not valid JSON") from None
+            raise invalid(FIELD, f"{kind} is not valid JSON") from None
     return raw
 
 
@@ -111,14 +113,14 @@ def _choice_grammar(choices: list[str]) -> str:
 def check_schema(schema: Any) -> None:
     """A JSON Schema (Draft 2020-12) whose every keyword xgrammar enforces."""
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"{FIELD}: the JSON schema must be an object")
+        raise invalid(FIELD, f"the JSON schema must be an object")
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "(root)"
-        raise ValueError(f"{FIELD}: not a valid JSON schema at {where}: {exc.message[:200]}") from None
+        raise invalid(FIELD, f"not a valid JSON schema at {where}: {exc.message[:200]}") from None
     _check_keywords(schema, "#", 0)
 
 
@@ -126,15 +128,15 @@ def _check_keywords(node: Any, where: str, depth: int) -> None:
     if isinstance(node, bool):
         return
     if depth > MAX_SCHEMA_DEPTH:
-        raise ValueError(f"{FIELD}: the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        raise invalid(FIELD, f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
     for key, value in node.items():
         if key not in _ENFORCED and key not in _ANNOTATIONS:
-            raise ValueError(f"{FIELD}: the JSON schema keyword {key!r} at {where} is not supported")
+            raise invalid(FIELD, f"the JSON schema keyword {key!r} at {where} is not supported")
         if key == "format" and value not in _FORMATS:
-            raise ValueError(f"{FIELD}: the string format {str(value)[:40]!r} at {where} is not supported "
+            raise invalid(FIELD, f"the string format {str(value)[:40]!r} at {where} is not supported "
                              f"(supported: {', '.join(sorted(_FORMATS))})")
         if key == "$ref" and not str(value).startswith("#"):
-            raise ValueError(f"{FIELD}: only local $ref ('#/...') is supported, at {where}")
+            raise invalid(FIELD, f"only local $ref ('#/...') is supported, at {where}")
         if key in _SCHEMA_MAPS:
             for name, sub in value.items():
                 _check_keywords(sub, f"{where}/{key}/{name}", depth + 1)

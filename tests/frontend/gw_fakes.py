@@ -25,6 +25,7 @@ from kvserve.frontend.protocol import (
 )
 from kvserve.frontend.state import Gateway, GatewayConfig
 from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.seam.error_wire import ErrorKind
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 SENTENCES = [
@@ -97,9 +98,10 @@ class FakeBackend:
         prompt_tokens = len(prompt_text.split()) if isinstance(request.prompt, str) else len(request.prompt)
         s = request.sampling
         if "REJECT" in prompt_text:
-            raise BackendRejected("temperature: must be in [0.0, 100.0], got 999", field="temperature")
+            raise BackendRejected("temperature: must be in [0.0, 100.0], got 999", param="temperature")
         if "TOOLONG" in prompt_text:
-            raise BackendRejected("context_length_exceeded: prompt too long", field="prompt", code="context_length_exceeded")
+            raise BackendRejected("context_length_exceeded: prompt too long", kind=ErrorKind.CONTEXT_LENGTH,
+                                  param="prompt")
         if "OFFLINE" in prompt_text:
             raise BackendUnavailable("backend fake: UNAVAILABLE")
         slow = "SLOW" in prompt_text

@@ -13,6 +13,8 @@ import struct
 
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from kvserve.seam.error_wire import ErrorKind, WireError
+
 
 def _bytes_raw(*values: bytes) -> bytes:
     return b"".join(struct.pack("<I", len(v)) + v for v in values)
@@ -68,7 +70,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
             rid = req.id
             if mode == "error":
                 yield service_pb2.ModelStreamInferResponse(
-                    error_message="in ensemble 'llm', max_tokens: must be an integer >= 1, got 0")
+                    error_message="in ensemble 'llm', " + WireError(ErrorKind.INVALID, "max_tokens: must be an integer >= 1, got 0", "max_tokens").format())
                 continue
             if mode == "slow":
                 try:

@@ -15,6 +15,7 @@ from gw_triton_fakes import FakeTriton, input_raw, make_response
 from kvserve.frontend.protocol import BackendFailed, BackendRejected, BackendUnavailable, GenerateRequest
 from kvserve.frontend.triton_client import TritonBackendClient
 from kvserve.frontend.triton_codec import build_request, classify_error, parse_response
+from kvserve.seam.error_wire import ErrorKind, WireError
 
 
 async def _with_server(body):
@@ -81,14 +82,23 @@ def test_parse_response_typed_contents_and_other_int_types() -> None:
 
 
 def test_classify_engine_errors() -> None:
-    e = classify_error("max_tokens: must be an integer >= 1, got 0")
-    assert isinstance(e, BackendRejected) and e.field == "max_tokens"
-    e = classify_error("Failed to process the request(s) for model 'llm', message: ValueError: top_p: bad")
-    assert isinstance(e, BackendRejected) and e.field == "top_p" and e.message == "top_p: bad"
-    e = classify_error("context_length_exceeded: prompt (90 tokens) + max_tokens (20) > 100")
-    assert isinstance(e, BackendRejected) and e.code == "context_length_exceeded"
-    assert classify_error("unavailable: the waiting queue is full (8 requests)").overloaded
-    assert classify_error("timeout: the request did not finish within 1.0 s").code == "timeout"
+    """The kind and field come from the wire header (kvserve.seam.error_wire), wherever the server put it."""
+    def wire(kind, message, param=None):
+        return WireError(kind, message, param).format()
+    e = classify_error(wire(ErrorKind.INVALID, "max_tokens: must be an integer >= 1, got 0", "max_tokens"))
+    assert isinstance(e, BackendRejected) and e.param == "max_tokens"
+    e = classify_error("Failed to process the request(s) for model 'llm', message: "
+                       + wire(ErrorKind.INVALID, "top_p: bad", "top_p"))
+    assert isinstance(e, BackendRejected) and e.param == "top_p" and e.message == "top_p: bad"
+    e = classify_error(wire(ErrorKind.CONTEXT_LENGTH, "context_length_exceeded: prompt (90 tokens) + max_tokens (20)",
+                            "prompt"))
+    assert isinstance(e, BackendRejected) and e.kind is ErrorKind.CONTEXT_LENGTH
+    assert classify_error(wire(ErrorKind.OVERLOADED, "unavailable: the waiting queue is full (8 requests)")).overloaded
+    assert classify_error(wire(ErrorKind.TIMEOUT, "timeout: the request did not finish within 1.0 s")).kind \
+        is ErrorKind.TIMEOUT
+    assert isinstance(classify_error(wire(ErrorKind.INTERNAL, "internal error: the engine step failed")), BackendFailed)
+    # Without the header it is the server's own failure, whatever the words say.
+    assert isinstance(classify_error("max_tokens: must be an integer >= 1, got 0"), BackendFailed)
     assert isinstance(classify_error("CUDA error: out of memory"), BackendFailed)
 
 
@@ -110,7 +120,7 @@ def test_stream_error_becomes_backend_rejected() -> None:
     async def body(client, fake):
         with pytest.raises(BackendRejected) as info:
             [d async for d in client.generate(GenerateRequest("r", "error", {}))]
-        assert info.value.field == "max_tokens"
+        assert info.value.param == "max_tokens"
     run(body)
 
 

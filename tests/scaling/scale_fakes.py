@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from kvserve.frontend.protocol import BackendRejected, BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.seam.error_wire import ErrorKind
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ScriptedReplica:
         done = False
         try:
             if self.overloaded:
-                raise BackendRejected("unavailable: the waiting queue is full", overloaded=True)
+                raise BackendRejected("unavailable: the waiting queue is full", kind=ErrorKind.OVERLOADED)
             if self.hold is not None:
                 await self.hold.wait()
             if self.fail_before_first:

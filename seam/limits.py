@@ -1,0 +1,12 @@
+"""Request limits the engine enforces and the gateway checks first (to answer in
+the client's own field names before a round trip)."""
+from __future__ import annotations
+
+MAX_N = 16                 # choices per prompt
+MAX_LOGPROBS = 20          # top alternatives per token
+MAX_STOP = 64              # stop strings, and stop token ids
+MAX_STOP_CHARS = 256       # characters per stop string
+MAX_LOGIT_BIAS = 1024      # entries of logit_bias
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_TIMEOUT_S = 86400.0    # a request's `timeout`, seconds from arrival
+MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements

@@ -1,0 +1,36 @@
+"""Names of the llm model's tensors and request parameters (config.pbtxt declares them).
+
+One response per choice per engine step, deltas only; the last response of a
+request carries Triton's FINAL flag.
+"""
+from __future__ import annotations
+
+# ---- inputs ----------------------------------------------------------------------------------
+TEXT_INPUT = "text_input"                    # BYTES [1]: the prompt as UTF-8 text, or
+INPUT_IDS = "input_ids"                      # INT32 [-1]: the prompt as token ids
+SAMPLING_PARAMETERS = "sampling_parameters"  # BYTES [1]: JSON object, keys in SAMPLING_FIELDS
+STREAM = "stream"                            # BOOL [1]: deltas as they come (default) or one response
+
+# ---- outputs (one response = one choice's delta) ----------------------------------------------
+TEXT_OUTPUT = "text_output"                  # BYTES: the new text
+OUTPUT_IDS = "output_ids"                    # INT32: the new token ids
+FINISH_REASON = "finish_reason"              # BYTES: "" while running, then stop/length/abort/error
+INDEX = "index"                              # INT32: the choice, 0..n-1
+PROMPT_TOKENS = "prompt_tokens"              # INT32 [1]
+COMPLETION_TOKENS = "completion_tokens"      # INT32: cumulative for this choice
+CACHED_TOKENS = "cached_tokens"              # INT32 [1]: prompt tokens found in the prefix cache
+LOGPROBS = "logprobs"                        # BYTES: JSON list, one entry per new token (when asked for)
+
+INPUTS = (TEXT_INPUT, INPUT_IDS, SAMPLING_PARAMETERS, STREAM)
+OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON, INDEX, PROMPT_TOKENS, COMPLETION_TOKENS, CACHED_TOKENS,
+           LOGPROBS)
+
+# ---- request parameters (ModelInferRequest.parameters) -----------------------------------------
+TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway's client span
+
+# The keys of `sampling_parameters`: SamplingParams' init fields (tests/contract checks both ways).
+SAMPLING_FIELDS = frozenset({
+    "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
+    "ignore_eos", "logprobs", "logit_bias", "skip_special_tokens", "cache_salt", "timeout", "structured_outputs",
+})

@@ -1,0 +1,75 @@
+"""The names and limits the gateway sends are the ones the engine takes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvserve.backend.config import EngineConfig
+from kvserve.backend.sampling_params import SamplingParams
+from kvserve.frontend.api_requests import parse_chat, parse_completion
+from kvserve.frontend.engine_flags import ENGINE_FLAGS
+from kvserve.seam import limits as L
+from kvserve.seam import tensors as T
+from tests.contract.import_graph import ROOT
+
+# Every sampling field the OpenAI routes accept, set to a non-default value.
+_FULL_BODY = {
+    "n": 2, "max_tokens": 8, "min_tokens": 1, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+    "seed": 3, "stop": ["x"], "stop_token_ids": [2], "presence_penalty": 0.1, "frequency_penalty": 0.1,
+    "repetition_penalty": 1.1, "ignore_eos": True, "logit_bias": {"5": 1.0}, "include_stop_str_in_output": True,
+    "skip_special_tokens": False, "cache_salt": "s", "timeout": 5.0,
+}
+# Flags that travel to the backend process but configure the process, not the engine.
+_PROCESS_SETTINGS = {"otlp_traces_endpoint": "backend/triton_model.py", "log_format": "observability/logging.py",
+                     "log_requests": "observability/logging.py"}
+
+
+def test_the_seam_names_exactly_the_sampling_params_fields() -> None:
+    assert T.SAMPLING_FIELDS == {f.name for f in dataclasses.fields(SamplingParams) if f.init}
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_the_gateway_sends_only_sampling_params_fields_and_the_engine_takes_them(route) -> None:
+    if route == "chat":
+        req = parse_chat({**_FULL_BODY, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                          "top_logprobs": 2}, vocab_size=100)
+    else:
+        req = parse_completion({**_FULL_BODY, "prompt": "hi", "logprobs": 2}, vocab_size=100)
+    assert set(req.sampling) <= T.SAMPLING_FIELDS
+    assert set(_FULL_BODY) | {"logprobs"} <= set(req.sampling)  # nothing dropped on the way
+    SamplingParams.from_dict(req.sampling).check_vocab(100)
+
+
+@pytest.mark.parametrize("field,limit", [("n", L.MAX_N), ("logprobs", L.MAX_LOGPROBS), ("timeout", L.MAX_TIMEOUT_S)])
+def test_both_sides_draw_the_line_at_the_same_limit(field, limit) -> None:
+    over = limit + 1
+    body = {"prompt": "hi", field: limit}
+    SamplingParams.from_dict(parse_completion(body, vocab_size=None).sampling)
+    with pytest.raises(Exception):
+        parse_completion({**body, field: over}, vocab_size=None)
+    with pytest.raises(ValueError):
+        SamplingParams.from_dict({field: over})
+
+
+def test_stop_limits_agree() -> None:
+    stops = ["s"] * L.MAX_STOP
+    SamplingParams.from_dict(parse_completion({"prompt": "hi", "stop": stops}, vocab_size=None).sampling)
+    with pytest.raises(Exception):
+        parse_completion({"prompt": "hi", "stop": stops + ["t"]}, vocab_size=None)
+    with pytest.raises(ValueError):
+        SamplingParams(stop=stops + ["t"])
+    with pytest.raises(ValueError):
+        SamplingParams(stop=["x" * (L.MAX_STOP_CHARS + 1)])
+
+
+def test_engine_flags_are_engine_config_fields() -> None:
+    fields = set(EngineConfig.field_names())
+    for flag in ENGINE_FLAGS:
+        if not flag.export:
+            continue
+        if flag.field in _PROCESS_SETTINGS:
+            # ... and the backend process really reads it from the environment.
+            assert flag.env in (ROOT / _PROCESS_SETTINGS[flag.field]).read_text(), flag.flag
+        else:
+            assert flag.field in fields, f"{flag.flag} is exported as {flag.env} but EngineConfig has no {flag.field}"

@@ -1,0 +1,110 @@
+"""config.pbtxt declares exactly the tensors both codecs write and read, with the
+types they write (kvserve.seam.tensors names them once)."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from kvserve.backend import triton_codec as backend_codec
+from kvserve.backend.config import EngineConfig
+from kvserve.backend.outputs import CompletionOutput, TokenLogprob
+from kvserve.frontend import triton_codec as gateway_codec
+from kvserve.frontend.protocol import GenerateRequest
+from kvserve.seam import tensors as T
+from tests.contract.import_graph import ROOT
+
+_NP_TO_TRITON = {np.dtype(np.int32): "TYPE_INT32", np.dtype(np.float32): "TYPE_FP32",
+                 np.dtype(np.bool_): "TYPE_BOOL", np.dtype(np.object_): "TYPE_STRING"}
+_WIRE_TO_TRITON = {"INT32": "TYPE_INT32", "FP32": "TYPE_FP32", "BOOL": "TYPE_BOOL", "BYTES": "TYPE_STRING"}
+
+
+def _config() -> model_config_pb2.ModelConfig:
+    text = (ROOT / "model_repository/llm/config.pbtxt").read_text(encoding="utf-8")
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def _declared(kind: str) -> dict[str, str]:
+    return {t.name: model_config_pb2.DataType.Name(t.data_type) for t in getattr(_config(), kind)}
+
+
+class _Tensor:
+    def __init__(self, name, array):
+        self.name, self.array = name, np.asarray(array)
+
+    def as_numpy(self):
+        return self.array
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def _fake_pb_utils(inputs: dict[str, np.ndarray] | None = None, asked: list[str] | None = None):
+    def get_input_tensor_by_name(request, name):
+        if asked is not None:
+            asked.append(name)
+        value = (inputs or {}).get(name)
+        return None if value is None else _Tensor(name, value)
+    return types.SimpleNamespace(Tensor=_Tensor, get_input_tensor_by_name=get_input_tensor_by_name)
+
+
+def test_config_declares_the_seam_tensors() -> None:
+    assert sorted(_declared("input")) == sorted(T.INPUTS)
+    assert sorted(_declared("output")) == sorted(T.OUTPUTS)
+
+
+def test_the_backend_writes_every_declared_output_with_its_type() -> None:
+    choice = CompletionOutput(0, "hi", [5, 6], "stop", logprobs=[TokenLogprob(5, -0.5, [(7, -1.0)])])
+    written = backend_codec.choice_tensors(_fake_pb_utils(), _Tokenizer(), choice, backend_codec.ChoiceTotals(2),
+                                           3, 0, want_logprobs=True)
+    declared = _declared("output")
+    assert sorted(t.name for t in written) == sorted(declared)
+    for tensor in written:
+        assert _NP_TO_TRITON[tensor.array.dtype] == declared[tensor.name], tensor.name
+
+
+def test_the_backend_reads_exactly_the_declared_inputs() -> None:
+    asked: list[str] = []
+    request = types.SimpleNamespace(parameters=lambda: "{}")
+    pb = _fake_pb_utils({T.TEXT_INPUT: np.array([b"hi"], dtype=np.object_)}, asked)
+    backend_codec.parse_request(pb, request)
+    pb = _fake_pb_utils({T.INPUT_IDS: np.array([1, 2], dtype=np.int32)}, asked)
+    backend_codec.parse_request(pb, request)
+    assert set(asked) == set(_declared("input"))
+
+
+@pytest.mark.parametrize("prompt", ["hi", [1, 2, 3]], ids=["text", "ids"])
+def test_the_gateway_writes_declared_inputs_with_their_types(prompt) -> None:
+    msg = gateway_codec.build_request("llm", GenerateRequest("r", prompt, {"n": 1}))
+    declared = _declared("input")
+    for tensor in msg.inputs:
+        assert tensor.name in declared and _WIRE_TO_TRITON[tensor.datatype] == declared[tensor.name], tensor.name
+    assert {T.SAMPLING_PARAMETERS, T.STREAM} <= {t.name for t in msg.inputs}
+
+
+def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
+    asked: list[str] = []
+    original = gateway_codec._ResponseTensors.values
+
+    def values(self, name):
+        asked.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(gateway_codec._ResponseTensors, "values", values)
+    resp = service_pb2.ModelInferResponse(model_name="llm", id="r")
+    for name, wire in _declared("output").items():
+        out = resp.outputs.add(name=name, datatype={v: k for k, v in _WIRE_TO_TRITON.items()}[wire])
+        out.shape.append(0)
+        resp.raw_output_contents.append(b"")
+    gateway_codec.parse_response(resp)
+    assert set(asked) == set(_declared("output"))
+
+
+def test_config_parameters_are_engine_config_fields() -> None:
+    """A misspelt engine argument in config.pbtxt would be dropped without a word."""
+    assert set(_config().parameters) <= set(EngineConfig.field_names())
