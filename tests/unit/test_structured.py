@@ -18,6 +18,7 @@ from kvserve.backend.async_engine import AsyncEngine
 from kvserve.backend.config import EngineConfig
 from kvserve.backend.structured import compiler as compiler_mod
 from kvserve.backend.structured.spec import parse_spec
+from kvserve.seam.error_wire import ErrorKind
 
 # Short outputs even from random weights: every string is bounded, so max_tokens always suffices.
 SCHEMA = {
@@ -167,7 +168,7 @@ def test_async_engine_compiles_off_its_thread_and_bounds_the_time(llama_dir, mon
         assert not done["slow"].is_set()
         assert done["slow"].wait(10)
         final = got["slow"][-1]
-        assert final.error_kind == "invalid" and final.error.startswith("structured_outputs: ")
+        assert final.error_kind is ErrorKind.INVALID and final.error.startswith("structured_outputs: ")
         assert "did not compile within 1 s" in final.error and time.monotonic() - t0 >= 1.0
         release.set()
         # A bad grammar is refused the same way, naming the field.
@@ -176,7 +177,7 @@ def test_async_engine_compiles_off_its_thread_and_bounds_the_time(llama_dir, mon
         deadline = time.monotonic() + 10
         while not bad and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert bad and bad[-1].error.startswith("structured_outputs: ") and bad[-1].error_kind == "invalid"
+        assert bad and bad[-1].error.startswith("structured_outputs: ") and bad[-1].error_kind is ErrorKind.INVALID
         assert eng.stats()["num_grammar_matchers"] == 0
     finally:
         release.set()
