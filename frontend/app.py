@@ -7,7 +7,7 @@ from kvserve.frontend import handlers_misc as misc
 from kvserve.frontend.handlers_openai import create_chat_completion, create_completion
 from kvserve.frontend.cors import add_cors_headers, preflight
 from kvserve.frontend.http_server import GatewayRunner
-from kvserve.frontend.middleware import auth, errors, observe
+from kvserve.frontend.middleware import auth, errors, observe, trusted_host
 from kvserve.frontend.state import GATEWAY, Gateway
 
 # Streams end within this after shutdown begins; their Triton requests are cancelled.
@@ -16,8 +16,9 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 def build_app(gateway: Gateway) -> web.Application:
     # client_max_size backs up the Content-Length check for chunked bodies.
-    # CORS preflights are answered before the API-key check: browsers send them without the key.
-    app = web.Application(middlewares=[observe, errors, preflight, auth],
+    # CORS preflights are answered before the API-key check: browsers send them without the key;
+    # the Host check comes first, so a rebound name gets nothing, not even a preflight.
+    app = web.Application(middlewares=[observe, errors, trusted_host, preflight, auth],
                           client_max_size=gateway.config.max_request_body_bytes)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(add_cors_headers)

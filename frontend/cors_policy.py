@@ -44,7 +44,7 @@ class CorsPolicy:
         return headers
 
 
-def _json_list(text: str) -> tuple[str, ...]:
+def json_list(text: str) -> tuple[str, ...]:
     """vLLM's syntax: a JSON list of strings, e.g. '["https://app.example"]'."""
     try:
         value = json.loads(text)
@@ -57,10 +57,10 @@ def _json_list(text: str) -> tuple[str, ...]:
 
 def add_cors_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("CORS (vLLM's flags; off unless --allowed-origins is given)")
-    group.add_argument("--allowed-origins", type=_json_list, default=(),
+    group.add_argument("--allowed-origins", type=json_list, default=(),
                        help='origins browsers may call from, as a JSON list: \'["https://app.example"]\' or \'["*"]\'')
-    group.add_argument("--allowed-methods", type=_json_list, default=(ANY,), help='JSON list (default ["*"])')
-    group.add_argument("--allowed-headers", type=_json_list, default=(ANY,), help='JSON list (default ["*"])')
+    group.add_argument("--allowed-methods", type=json_list, default=(ANY,), help='JSON list (default ["*"])')
+    group.add_argument("--allowed-headers", type=json_list, default=(ANY,), help='JSON list (default ["*"])')
     group.add_argument("--allow-credentials", action="store_true", help="allow cookies and HTTP auth cross-origin")
 
 

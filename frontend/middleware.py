@@ -4,7 +4,9 @@
                 optional one-line request log (never the prompt);
 2. `errors`   - every failure becomes an OpenAI error object; aiohttp's own
                 404/405/413 included; no traceback reaches the client;
-3. `auth`     - Bearer API key on every route but /health, /metrics and
+3. `trusted_host` - a Host header naming another server is a 421 (DNS rebinding,
+                see host_policy.py);
+4. `auth`     - Bearer API key on every route but /health, /metrics and
                 /version (unknown routes included, so a client without a key
                 cannot probe which routes exist); it resolves the key's tenant.
 """
@@ -146,6 +148,15 @@ def match_key(token: str, digests: list[tuple[bytes, str]]) -> str | None:
         if hmac.compare_digest(presented, digest):
             tenant = owner
     return tenant
+
+
+@web.middleware
+async def trusted_host(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if not request.app[GATEWAY].config.hosts.allows(request.headers.get("Host")):
+        # 421 Misdirected Request: this server does not answer for that name. The name is not quoted.
+        raise ApiError(421, "this server does not answer for the requested Host (see --allowed-hosts)",
+                       code="misdirected_request")
+    return await handler(request)
 
 
 @web.middleware

@@ -200,6 +200,9 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
         "paths": paths,
         "components": {"schemas": _schemas(vocab_size)},
     }
+    for item in paths.values():  # the DNS-rebinding check applies everywhere (host_policy.py)
+        for op in item.values():
+            op["responses"]["421"] = _error("the Host header names a server this one does not answer for")
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in paths.items():

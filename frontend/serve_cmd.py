@@ -20,6 +20,7 @@ import kvserve.frontend
 from kvserve.frontend.app import build_app, start_app
 from kvserve.frontend.chat_template import resolve_template_arg
 from kvserve.frontend.cors_policy import add_cors_flags, cors_policy_from_args
+from kvserve.frontend.host_policy import add_host_flags, host_policy_from_args
 from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, resolve_model
 from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(p)
     add_replica_flags(p)
     add_cors_flags(p)
+    add_host_flags(p)
     return p
 
 
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             cors=cors_policy_from_args(args),
+            hosts=host_policy_from_args(args),
             version=_version(),
             shutdown_timeout=args.shutdown_timeout,
         )

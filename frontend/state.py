@@ -14,6 +14,7 @@ from aiohttp import web
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
 from kvserve.frontend.cors_policy import CorsPolicy
 from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
+from kvserve.frontend.host_policy import HostPolicy
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.tokenizer import GatewayTokenizer
 from kvserve.observability.metrics_gateway import GatewayMetrics
@@ -37,6 +38,7 @@ class GatewayConfig:
     version: str = "0.1.0"
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # in-flight requests get this long after SIGTERM
     cors: CorsPolicy = field(default_factory=CorsPolicy)  # off unless origins are given
+    hosts: HostPolicy = field(default_factory=HostPolicy)  # Host header names answered (DNS rebinding)
 
     def key_table(self) -> dict[str, str]:
         """Every accepted API key -> its tenant (empty: no authentication)."""

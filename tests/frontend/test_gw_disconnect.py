@@ -46,7 +46,7 @@ def test_non_streaming_disconnect_cancels_backend_request(server) -> None:
     before = len(server.backend.cancelled)
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"prompt": "SLOW", "n": 2}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     deadline = time.monotonic() + 2
     while not any(r.prompt == "SLOW" and r.sampling.get("n") == 2 for r in server.backend.requests):

@@ -1,8 +1,8 @@
 """Servers shared by the reliability tests (each is a real `kvserve serve`).
 
 - `main_server`: the tiny llama test model, API keys for two tenants plus a
-  default key, scheduling debug lines on, and the pickle guard loaded in every
-  process (gateway and host).
+  default key, scheduling debug lines on, the pickle guard loaded in every
+  process (gateway and host), and two names allowed in the Host header.
 - `cycle_server`: the cycle model (known output, multi-byte characters), one
   sequence at a time and a waiting queue of 2: overload, timeouts, UTF-8.
 Tests that need their own engine flags (KV budget, fault injection, SIGTERM)
@@ -10,6 +10,7 @@ start their own server in their module.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.reliability.served import PICKLE_GUARD_DIR, Served, start_served
 MAIN_KEY = "sk-main-default"
 TENANT_KEYS = {"sk-tenant-a": "tenant-a", "sk-tenant-b": "tenant-b"}
 MAIN_MAX_MODEL_LEN = 256
+MAIN_ALLOWED_HOSTS = ["api.kvserve.test", ".svc.kvserve.test"]
 
 
 def _stop_clean(served: Served) -> None:
@@ -48,7 +50,7 @@ def main_server(tmp_path_factory: pytest.TempPathFactory, pickle_audit_file: Pat
     served = start_served(
         ["--model", tiny_model("llama"), "--served-model-name", "tiny", "--max-num-seqs", "16",
          "--max-model-len", str(MAIN_MAX_MODEL_LEN), "--api-keys-file", str(keys_file),
-         "--max-request-body-bytes", "1MiB"],
+         "--max-request-body-bytes", "1MiB", "--allowed-hosts", json.dumps(MAIN_ALLOWED_HOSTS)],
         api_key=MAIN_KEY, env=env)
     try:
         yield served

@@ -141,7 +141,7 @@ def test_error_bodies_and_logs_never_leak(main_server: Served) -> None:
     for malformed in (f"Authorization: Bearer {CANARY}\r\nX-Big: {'a' * 9000}\r\n\r\n",
                       f"Transfer-Encoding: chunked\r\nX-Key: {CANARY}\r\n\r\nZZ\r\n{CANARY}\r\n0\r\n\r\n"):
         with socket.create_connection((main_server.host, main_server.port), timeout=10) as sock:
-            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{malformed}".encode())
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n{malformed}".encode())
             status_line = sock.recv(64).split(b"\r\n")[0]
             assert status_line.startswith(b"HTTP/1.") and b" 400 " in status_line, status_line
     main_server.complete(model="tiny", prompt=CANARY, max_tokens=3)  # a good request: its prompt stays out too

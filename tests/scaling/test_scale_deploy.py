@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kvserve.frontend import triton_client
+from kvserve.frontend.host_policy import host_policy_from_args
 from kvserve.frontend.serve_cmd import build_parser
 from kvserve.observability import metrics as m
 
@@ -96,6 +97,7 @@ def test_compose_wires_replicas_gateway_and_observability() -> None:
     args = build_parser().parse_args([a.replace("${KVSERVE_MODEL_NAME:-model}", "model")
                                       .replace("${KVSERVE_SERVED_MODEL_NAME:-kvserve}", "kvserve") for a in command[2:]])
     assert sorted(args.triton_url) == [f"{t}:8001" for t in tritons]
+    assert host_policy_from_args(args).allows("gateway:8000")  # Prometheus's target passes the Host check
     # every file mounted from deploy/ exists
     for service in services.values():
         for volume in service.get("volumes", []):
@@ -158,6 +160,8 @@ def test_k8s_manifests_route_through_the_headless_service_and_scale_on_waiting()
     gw = gateway["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(gw["args"])
     assert args.triton_url == ["dns://kvserve-triton:8001"]
+    hosts = host_policy_from_args(args)  # the Service's in-cluster names pass the Host check
+    assert hosts.allows("kvserve-gateway") and hosts.allows("kvserve-gateway.default.svc.cluster.local:80")
     assert gw["readinessProbe"]["httpGet"]["path"] == "/health"
     service = objs[("Service", "kvserve-gateway")]
     assert service["spec"]["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
