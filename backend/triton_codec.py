@@ -90,22 +90,22 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent)
 
 
-def _logprob_entry(tokenizer, token_id: int, logprob: float) -> dict:
-    token = tokenizer.decode([token_id], skip_special_tokens=False)
-    return {"token_id": token_id, "token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[tokens, 1 + k] ids and logprobs: the sampled token, then its top k (numbers only:
+    the gateway, which has the tokenizer, renders their text)."""
+    ids = np.empty((len(entries), 1 + k), dtype=np.int32)
+    values = np.empty((len(entries), 1 + k), dtype=np.float32)
+    for row, e in enumerate(entries):
+        ids[row, 0], values[row, 0] = e.token_id, e.logprob
+        for col, (token_id, logprob) in enumerate(e.top[:k], start=1):
+            ids[row, col], values[row, col] = token_id, logprob
+        for col in range(1 + len(e.top[:k]), 1 + k):  # never short (the sampler takes exactly k): defensive
+            ids[row, col], values[row, col] = -1, -np.inf
+    return ids, values
 
 
-def logprobs_json(tokenizer, entries: list[TokenLogprob]) -> str:
-    out = []
-    for e in entries:
-        item = _logprob_entry(tokenizer, e.token_id, e.logprob)
-        item["top_logprobs"] = [_logprob_entry(tokenizer, t, lp) for t, lp in e.top]
-        out.append(item)
-    return json.dumps(out)
-
-
-def choice_tensors(pb_utils, tokenizer, choice: CompletionOutput, totals: ChoiceTotals, prompt_tokens: int,
-                   cached_tokens: int, want_logprobs: bool) -> list:
+def choice_tensors(pb_utils, choice: CompletionOutput, totals: ChoiceTotals, prompt_tokens: int,
+                   cached_tokens: int, logprobs: int | None) -> list:
     """The output tensors of one response for one choice (text/ids/logprobs are this response's delta)."""
     tensors = [
         pb_utils.Tensor(T.TEXT_OUTPUT, np.array([choice.text.encode("utf-8")], dtype=np.object_)),
@@ -116,7 +116,8 @@ def choice_tensors(pb_utils, tokenizer, choice: CompletionOutput, totals: Choice
         pb_utils.Tensor(T.COMPLETION_TOKENS, np.array([totals.completion_tokens], dtype=np.int32)),
         pb_utils.Tensor(T.CACHED_TOKENS, np.array([cached_tokens], dtype=np.int32)),
     ]
-    if want_logprobs:
-        payload = logprobs_json(tokenizer, choice.logprobs or [])
-        tensors.append(pb_utils.Tensor(T.LOGPROBS, np.array([payload.encode()], dtype=np.object_)))
+    if logprobs is not None:  # the request's k
+        ids, values = logprob_arrays(choice.logprobs or [], logprobs)
+        tensors.append(pb_utils.Tensor(T.LOGPROB_IDS, ids))
+        tensors.append(pb_utils.Tensor(T.LOGPROB_VALUES, values))
     return tensors

@@ -36,7 +36,7 @@ class _Live:
     request_id: str
     sender: object
     stream: bool
-    want_logprobs: bool
+    logprobs: int | None  # the request's k (None: no logprobs)
     totals: dict[int, ChoiceTotals] = field(default_factory=dict)
     log: RequestLog | None = None  # its request-scoped log lines
     held: dict[int, CompletionOutput] = field(default_factory=dict)  # streamed tokens waiting for stream_interval
@@ -97,7 +97,7 @@ class TritonLLMModel:
             try:
                 parsed = parse_request(self.pb, request)
                 rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
-                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs is not None,
+                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs,
                              log=RequestLog.for_request(request, rid, parsed.traceparent))
                 self._live[rid] = live
                 try:
@@ -181,8 +181,8 @@ class TritonLLMModel:
                         continue
                     choice.text, choice.token_ids = "".join(totals.text), totals.token_ids
                     choice.logprobs = totals.logprobs
-                tensors = choice_tensors(self.pb, self.tokenizer, choice, totals, len(out.prompt_token_ids),
-                                         out.num_cached_tokens, live.want_logprobs)
+                tensors = choice_tensors(self.pb, choice, totals, len(out.prompt_token_ids),
+                                         out.num_cached_tokens, live.logprobs)
                 responses.append(self.pb.InferenceResponse(output_tensors=tensors))
             final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
             if live.request_id not in self._live:

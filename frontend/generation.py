@@ -98,7 +98,8 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
         async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
-                apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat)
+                apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
+                            token_text=gateway.token_text)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
     annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
@@ -129,7 +130,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
                 async for prompt_index, delta in fan:
                     usage.observe(prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
-                    logprobs, text = apply_delta(state, delta, chat=call.chat)
+                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text)
                     if not text and logprobs is None and not delta.finish_reason:
                         continue  # nothing to tell the client (e.g. text held back for a stop string)
                     if call.chat:

@@ -2,30 +2,32 @@
 
 completions: parallel lists {tokens, token_logprobs, top_logprobs: [{token: lp}], text_offset}
 chat:        {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
+
+The engine sends numbers (token ids and logprobs); `token_text` renders a token
+id as its text here, with the gateway's tokenizer (`Gateway.token_text`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from kvserve.frontend.protocol import TokenLogprob
 
-
-def _bytes(entry_bytes: list[int] | None, token: str) -> list[int]:
-    return list(entry_bytes) if entry_bytes is not None else list(token.encode("utf-8"))
+TokenText = Callable[[int], str]
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
+def completion_logprobs(entries: list[TokenLogprob], text_offset: int, token_text: TokenText) -> dict[str, Any]:
     """`text_offset` is where the first of these tokens starts in the choice's text
     (so streamed chunks continue the count of the chunks before them)."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for e in entries:
-        tokens.append(e.token)
+        token = token_text(e.token_id)
+        tokens.append(token)
         token_logprobs.append(e.logprob)
-        top = {t.token: t.logprob for t in e.top_logprobs}
-        top.setdefault(e.token, e.logprob)  # as vLLM: the sampled token is always listed
+        top = {token_text(t.token_id): t.logprob for t in e.top_logprobs}
+        top.setdefault(token, e.logprob)  # as vLLM: the sampled token is always listed
         tops.append(top)
         offsets.append(text_offset)
-        text_offset += len(e.token)
+        text_offset += len(token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -39,15 +41,15 @@ def merge_completion_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any] | N
     return merged
 
 
-def chat_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> list[dict[str, Any]]:
     return [
         {
-            "token": e.token,
-            "logprob": e.logprob,
-            "bytes": _bytes(e.bytes, e.token),
-            "top_logprobs": [
-                {"token": t.token, "logprob": t.logprob, "bytes": _bytes(t.bytes, t.token)} for t in e.top_logprobs
-            ],
+            **_chat_entry(token_text(e.token_id), e.logprob),
+            "top_logprobs": [_chat_entry(token_text(t.token_id), t.logprob) for t in e.top_logprobs],
         }
         for e in entries
     ]

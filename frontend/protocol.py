@@ -23,19 +23,16 @@ from kvserve.seam.error_wire import ErrorKind
 @dataclass(slots=True, frozen=True)
 class TopLogprob:
     token_id: int
-    token: str
     logprob: float
-    bytes: list[int] | None
 
 
 @dataclass(slots=True, frozen=True)
 class TokenLogprob:
-    """The sampled token's logprob plus the top alternatives the client asked for."""
+    """The sampled token's logprob plus the top alternatives the client asked for.
+    Numbers only: the gateway renders the token strings with its tokenizer."""
 
     token_id: int
-    token: str
     logprob: float
-    bytes: list[int] | None
     top_logprobs: list[TopLogprob] = field(default_factory=list)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.frontend.logprobs_format import chat_logprobs, completion_logprobs, merge_completion_logprobs
+from kvserve.frontend.logprobs_format import TokenText, chat_logprobs, completion_logprobs, merge_completion_logprobs
 from kvserve.frontend.protocol import ChoiceDelta
 
 
@@ -51,17 +51,17 @@ class Usage:
         }
 
 
-def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool) -> tuple[Any, str]:
+def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool, token_text: TokenText) -> tuple[Any, str]:
     """Fold a delta into `state`; returns (logprobs for this delta's chunk, its text)."""
     chunk_lp: Any = None
     if delta.logprobs is not None:
         if chat:
-            chunk_lp = chat_logprobs(delta.logprobs)
+            chunk_lp = chat_logprobs(delta.logprobs, token_text)
             state.chat_lp.extend(chunk_lp)
         else:
-            chunk_lp = completion_logprobs(delta.logprobs, state.next_text_offset)
+            chunk_lp = completion_logprobs(delta.logprobs, state.next_text_offset, token_text)
             state.completion_lp.append(chunk_lp)
-            state.next_text_offset += sum(len(e.token) for e in delta.logprobs)
+            state.next_text_offset += sum(len(token) for token in chunk_lp["tokens"])
     state.text.append(delta.text)
     state.token_count += len(delta.token_ids)
     state.completion_tokens = max(state.completion_tokens, delta.completion_tokens)

@@ -117,6 +117,13 @@ class Gateway:
             raise model_not_found()
         return name
 
+    def token_text(self, token_id: int) -> str:
+        """A token's text for logprobs (the engine sends ids); vLLM's `token_id:N`
+        form when this gateway has no tokenizer."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.token_text(token_id)
+
     def require_tokenizer(self) -> GatewayTokenizer:
         if self.tokenizer is None:
             raise ApiError(400, "this server has no tokenizer: start it with --model or --tokenizer", code="tokenizer_unavailable")

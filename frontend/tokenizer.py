@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ class GatewayTokenizer:
     chat_template: str | None
     add_bos_token: bool
     source: str
+    # Each token's text, as logprobs show it: filled as tokens are seen, at most the vocabulary.
+    _texts: dict[int, str] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -44,6 +46,15 @@ class GatewayTokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token decoded alone, special tokens included (a lone byte of a
+        multi-byte character reads as U+FFFD), as the logprobs of OpenAI's API show it."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False) if token_id < self.vocab_size else ""
+            self._texts[token_id] = text
+        return text
 
     def token_strings(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) or "" for i in ids]

@@ -79,9 +79,8 @@ def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
         completion_tokens=result.first_int(T.COMPLETION_TOKENS),
         cached_tokens=result.first_int(T.CACHED_TOKENS),
     )
-    raw_logprobs = result.first_str(T.LOGPROBS)
-    if raw_logprobs:
-        delta.logprobs = parse_logprobs(raw_logprobs)
+    if result.has(T.LOGPROB_IDS):
+        delta.logprobs = result.logprobs()
     return delta
 
 
@@ -104,17 +103,34 @@ class _ResponseTensors:
     protobuf field builds a wrapper object, and seven lookups by name cost
     more than the unpacking."""
 
-    __slots__ = ("_raw", "_typed")
+    __slots__ = ("_raw", "_typed", "_outputs")
 
     def __init__(self, resp: service_pb2.ModelInferResponse) -> None:
         outputs = resp.outputs
         raw = resp.raw_output_contents
+        self._outputs = outputs
         self._raw: dict[str, tuple[str, bytes]] = {}
         self._typed: dict[str, Any] = {}
         if len(raw) == len(outputs):
             self._raw = {out.name: (out.datatype, data) for out, data in zip(outputs, raw)}
         else:
             self._typed = {out.name: out for out in outputs}
+
+    def has(self, name: str) -> bool:
+        return name in self._raw or name in self._typed
+
+    def logprobs(self) -> list[TokenLogprob]:
+        """[tokens, 1 + k] ids and logprobs -> one entry per token: the sampled one, then its top k."""
+        shape = next((list(out.shape) for out in self._outputs if out.name == T.LOGPROB_IDS), [])
+        ids, values = self.ints(T.LOGPROB_IDS), self.values(T.LOGPROB_VALUES)
+        width = shape[1] if len(shape) == 2 else 1
+        if width < 1 or len(ids) != len(values) or len(ids) % width:
+            raise BackendFailed("backend logprobs tensors disagree in shape")
+        entries = []
+        for row in range(0, len(ids), width):
+            top = [TopLogprob(ids[i], float(values[i])) for i in range(row + 1, row + width) if ids[i] >= 0]
+            entries.append(TokenLogprob(ids[row], float(values[row]), top))
+        return entries
 
     def values(self, name: str) -> list[Any]:
         found = self._raw.get(name)
@@ -156,23 +172,6 @@ def _split_bytes(data: bytes) -> list[bytes]:
         items.append(data[offset:offset + length])
         offset += length
     return items
-
-
-def parse_logprobs(raw: str) -> list[TokenLogprob]:
-    entries: list[dict[str, Any]] = json.loads(raw)
-    return [
-        TokenLogprob(
-            token_id=int(e["token_id"]),
-            token=str(e.get("token", "")),
-            logprob=float(e["logprob"]),
-            bytes=e.get("bytes"),
-            top_logprobs=[
-                TopLogprob(int(t["token_id"]), str(t.get("token", "")), float(t["logprob"]), t.get("bytes"))
-                for t in e.get("top_logprobs") or []
-            ],
-        )
-        for e in entries
-    ]
 
 
 def classify_error(message: str) -> BackendError:

@@ -1,7 +1,8 @@
 """Names of the llm model's tensors and request parameters (config.pbtxt declares them).
 
 One response per choice per engine step, deltas only; the last response of a
-request carries Triton's FINAL flag.
+request carries Triton's FINAL flag. Token ids and logprobs cross as numbers:
+the gateway, which has the tokenizer, renders their text.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ INDEX = "index"                              # INT32: the choice, 0..n-1
 PROMPT_TOKENS = "prompt_tokens"              # INT32 [1]
 COMPLETION_TOKENS = "completion_tokens"      # INT32: cumulative for this choice
 CACHED_TOKENS = "cached_tokens"              # INT32 [1]: prompt tokens found in the prefix cache
-LOGPROBS = "logprobs"                        # BYTES: JSON list, one entry per new token (when asked for)
+# Logprobs, only when asked for: one row per new token, k = the request's `logprobs`.
+LOGPROB_IDS = "logprob_ids"                  # INT32 [tokens, 1 + k]: the sampled token, then the top k
+LOGPROB_VALUES = "logprob_values"            # FP32  [tokens, 1 + k]: their logprobs
 
 INPUTS = (TEXT_INPUT, INPUT_IDS, SAMPLING_PARAMETERS, STREAM)
 OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON, INDEX, PROMPT_TOKENS, COMPLETION_TOKENS, CACHED_TOKENS,
-           LOGPROBS)
+           LOGPROB_IDS, LOGPROB_VALUES)
 
 # ---- request parameters (ModelInferRequest.parameters) -----------------------------------------
 TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway's client span

@@ -39,11 +39,6 @@ class _Tensor:
         return self.array
 
 
-class _Tokenizer:
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"<{i}>" for i in ids)
-
-
 def _fake_pb_utils(inputs: dict[str, np.ndarray] | None = None, asked: list[str] | None = None):
     def get_input_tensor_by_name(request, name):
         if asked is not None:
@@ -60,8 +55,7 @@ def test_config_declares_the_seam_tensors() -> None:
 
 def test_the_backend_writes_every_declared_output_with_its_type() -> None:
     choice = CompletionOutput(0, "hi", [5, 6], "stop", logprobs=[TokenLogprob(5, -0.5, [(7, -1.0)])])
-    written = backend_codec.choice_tensors(_fake_pb_utils(), _Tokenizer(), choice, backend_codec.ChoiceTotals(2),
-                                           3, 0, want_logprobs=True)
+    written = backend_codec.choice_tensors(_fake_pb_utils(), choice, backend_codec.ChoiceTotals(2), 3, 0, logprobs=1)
     declared = _declared("output")
     assert sorted(t.name for t in written) == sorted(declared)
     for tensor in written:
@@ -99,7 +93,7 @@ def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
     resp = service_pb2.ModelInferResponse(model_name="llm", id="r")
     for name, wire in _declared("output").items():
         out = resp.outputs.add(name=name, datatype={v: k for k, v in _WIRE_TO_TRITON.items()}[wire])
-        out.shape.append(0)
+        out.shape.extend([0, 1] if name in (T.LOGPROB_IDS, T.LOGPROB_VALUES) else [0])
         resp.raw_output_contents.append(b"")
     gateway_codec.parse_response(resp)
     assert set(asked) == set(_declared("output"))
@@ -108,3 +102,19 @@ def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
 def test_config_parameters_are_engine_config_fields() -> None:
     """A misspelt engine argument in config.pbtxt would be dropped without a word."""
     assert set(_config().parameters) <= set(EngineConfig.field_names())
+
+
+def test_logprobs_cross_as_numbers_and_come_back_whole() -> None:
+    """The backend's [tokens, 1 + k] arrays, serialised by the embedded host, read back as the same entries."""
+    from kvserve.backend.host.codec import encode_response
+    from kvserve.backend.host.pb_utils import InferenceResponse, Tensor
+
+    entries = [TokenLogprob(5, -0.5, [(7, -1.25), (5, -0.5)]), TokenLogprob(9, -2.0, [(1, -0.75), (9, -2.0)])]
+    choice = CompletionOutput(0, "hi", [5, 9], None, logprobs=entries)
+    pb = types.SimpleNamespace(Tensor=Tensor)
+    tensors = backend_codec.choice_tensors(pb, choice, backend_codec.ChoiceTotals(2), 3, 0, logprobs=2)
+    resp = encode_response(InferenceResponse(output_tensors=tensors), model_name="llm", model_version="1",
+                           request_id="r", requested_outputs=None)
+    delta = gateway_codec.parse_response(resp)
+    got = [(e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top_logprobs]) for e in delta.logprobs]
+    assert got == [(e.token_id, e.logprob, e.top) for e in entries]

@@ -155,8 +155,9 @@ class FakeBackend:
 
     @staticmethod
     def _logprobs(sampling: dict, token: str, k: int) -> list[TokenLogprob]:
-        tops = [TopLogprob(200 + j, f"t{j}", -1.0 - j, None) for j in range(sampling["logprobs"])]
-        return [TokenLogprob(100 + k % len(WORDS), token, -0.25, list(token.encode()), tops)]
+        # Numbers only, as the engine sends them: the gateway renders the token texts.
+        tops = [TopLogprob(200 + j, -1.0 - j) for j in range(sampling["logprobs"])]
+        return [TokenLogprob(100 + k % len(WORDS), -0.25, tops)]
 
 
 class GatewayServer:

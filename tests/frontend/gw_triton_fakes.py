@@ -8,7 +8,6 @@ anything else -> "Hel" + "lo" with the final flag on the last response.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -32,8 +31,12 @@ def make_response(rid: str, text: str, ids: list[int], finish: str = "", index: 
         ("completion_tokens", "INT32", [1], struct.pack("<i", done)),
         ("cached_tokens", "INT32", [1], struct.pack("<i", 2)),
     ]
-    if logprobs is not None:
-        outputs.append(("logprobs", "BYTES", [1], _bytes_raw(json.dumps(logprobs).encode())))
+    if logprobs is not None:  # [(token_id, logprob, [(top id, top logprob), ...]), ...], k tops each
+        rows = [[(token_id, lp), *top] for token_id, lp, top in logprobs]
+        shape = [len(rows), len(rows[0]) if rows else 1]
+        flat = [pair for row in rows for pair in row]
+        outputs.append(("logprob_ids", "INT32", shape, struct.pack(f"<{len(flat)}i", *(i for i, _ in flat))))
+        outputs.append(("logprob_values", "FP32", shape, struct.pack(f"<{len(flat)}f", *(v for _, v in flat))))
     for name, dtype, shape, raw in outputs:
         out = resp.outputs.add()
         out.name, out.datatype = name, dtype
@@ -83,8 +86,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                 continue
             yield service_pb2.ModelStreamInferResponse(infer_response=make_response(rid, "Hel", [1, 2]))
             last = make_response(rid, "lo", [3], finish="stop", done=3, final=(mode != "empty-final"),
-                                 logprobs=[{"token_id": 3, "token": "lo", "logprob": -0.5, "bytes": [108, 111],
-                                            "top_logprobs": [{"token_id": 9, "token": "x", "logprob": -2.0, "bytes": None}]}])
+                                 logprobs=[(3, -0.5, [(9, -2.0)])])
             yield service_pb2.ModelStreamInferResponse(infer_response=last)
             if mode == "empty-final":
                 empty = service_pb2.ModelInferResponse(model_name="llm", id=rid)

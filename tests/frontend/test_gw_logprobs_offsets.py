@@ -7,11 +7,8 @@ from kvserve.frontend.protocol import ChoiceDelta, TokenLogprob
 from kvserve.frontend.responses import ChoiceState, apply_delta
 
 
-def _lp(token_id: int, token: str) -> TokenLogprob:
-    return TokenLogprob(token_id, token, -0.5, None)
-
-
-TOKENS = [_lp(1, " h"), _lp(2, "\ufffd"), _lp(3, "\ufffd"), _lp(4, " and")]
+TEXTS = {1: " h", 2: "\ufffd", 3: "\ufffd", 4: " and"}  # what the gateway's tokenizer renders
+TOKENS = [TokenLogprob(i, -0.5) for i in TEXTS]
 # Streamed: the two halves of "é" come as one character with the second token.
 STREAMED = [ChoiceDelta(0, " h", [1], logprobs=TOKENS[:1]), ChoiceDelta(0, "", [2], logprobs=TOKENS[1:2]),
             ChoiceDelta(0, "é", [3], logprobs=TOKENS[2:3]), ChoiceDelta(0, " and", [4], logprobs=TOKENS[3:])]
@@ -20,7 +17,7 @@ WHOLE = [ChoiceDelta(0, " hé and", [1, 2, 3, 4], logprobs=TOKENS)]
 
 def _offsets(deltas: list[ChoiceDelta], echo: str = "") -> tuple[list[list[int]], list[int]]:
     state = ChoiceState(index=0, next_text_offset=len(echo))
-    chunks = [apply_delta(state, d, chat=False)[0]["text_offset"] for d in deltas]
+    chunks = [apply_delta(state, d, chat=False, token_text=TEXTS.__getitem__)[0]["text_offset"] for d in deltas]
     return chunks, merge_completion_logprobs(state.completion_lp)["text_offset"]
 
 

@@ -86,15 +86,18 @@ def test_echo_prepends_prompt(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in streamed) == "hello" + words(0, 1)
 
 
-def test_completion_logprobs(client: openai.OpenAI) -> None:
+def test_completion_logprobs(client: openai.OpenAI, server) -> None:
+    """The backend sends token ids and logprobs; the gateway renders each token's text."""
+    text = server.tokenizer.token_text
     out = client.completions.create(model="tiny", prompt="p", max_tokens=3, logprobs=2)
     lp = out.choices[0].logprobs
-    assert lp.tokens == ["alpha", " beta", " gamma"]
+    assert lp.tokens == [text(100), text(101), text(102)] and all(lp.tokens)
     assert lp.token_logprobs == [-0.25] * 3
-    assert lp.text_offset == [0, 5, 10]
-    assert lp.top_logprobs[0] == {"t0": -1.0, "t1": -2.0, "alpha": -0.25}
+    offsets = [0, len(text(100)), len(text(100)) + len(text(101))]
+    assert lp.text_offset == offsets
+    assert lp.top_logprobs[0] == {text(200): -1.0, text(201): -2.0, text(100): -0.25}
     streamed = list(client.completions.create(model="tiny", prompt="p", max_tokens=3, logprobs=0, stream=True))
-    assert [c.choices[0].logprobs.text_offset for c in streamed] == [[0], [5], [10]]
+    assert [c.choices[0].logprobs.text_offset for c in streamed] == [[o] for o in offsets]
 
 
 def test_chat_non_streaming(client: openai.OpenAI, server) -> None:
@@ -134,9 +137,10 @@ def test_chat_logprobs(client: openai.OpenAI, server) -> None:
     out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                          max_tokens=2, logprobs=True, top_logprobs=1)
     content = out.choices[0].logprobs.content
-    assert [c.token for c in content] == ["alpha", " beta"]
-    assert content[0].bytes == list(b"alpha") and content[0].logprob == -0.25
-    assert [(t.token, t.logprob) for t in content[0].top_logprobs] == [("t0", -1.0)]
+    text = server.tokenizer.token_text
+    assert [c.token for c in content] == [text(100), text(101)]
+    assert content[0].bytes == list(text(100).encode()) and content[0].logprob == -0.25
+    assert [(t.token, t.logprob) for t in content[0].top_logprobs] == [(text(200), -1.0)]
     assert server.backend.requests[-1].sampling["logprobs"] == 1
     plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
     assert plain.choices[0].logprobs is None and "logprobs" not in server.backend.requests[-1].sampling

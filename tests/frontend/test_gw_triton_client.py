@@ -53,10 +53,11 @@ def test_build_request_follows_the_tensor_contract() -> None:
 
 def test_parse_response() -> None:
     delta = parse_response(make_response("r", "ab", [5, 6], finish="length", index=1, done=7,
-                                         logprobs=[{"token_id": 5, "token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}]))
+                                         logprobs=[(5, -1.0, [(8, -2.5), (9, -3.0)]), (6, -0.5, [(6, -0.5), (2, -4.0)])]))
     assert (delta.index, delta.text, delta.token_ids, delta.finish_reason) == (1, "ab", [5, 6], "length")
     assert (delta.prompt_tokens, delta.completion_tokens, delta.cached_tokens) == (4, 7, 2)
-    assert delta.logprobs[0].token == "a" and delta.logprobs[0].bytes == [97]
+    assert [(e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top_logprobs]) for e in delta.logprobs] == \
+        [(5, -1.0, [(8, -2.5), (9, -3.0)]), (6, -0.5, [(6, -0.5), (2, -4.0)])]
     assert parse_response(make_response("r", "", [], finish="")).finish_reason is None
     assert parse_response(service_pb2.ModelInferResponse()) is None
 
@@ -107,7 +108,7 @@ def test_generate_reads_until_the_final_response() -> None:
         assert await client.ready()
         deltas = [d async for d in client.generate(GenerateRequest("r-1", "ok", {"n": 1}))]
         assert [(d.text, d.finish_reason) for d in deltas] == [("Hel", None), ("lo", "stop")]
-        assert deltas[1].logprobs[0].top_logprobs[0].token == "x"
+        assert deltas[1].logprobs[0].top_logprobs[0].token_id == 9
         # A flags-only FINAL (empty response) also ends the request.
         deltas = [d async for d in client.generate(GenerateRequest("r-2", "empty-final", {}))]
         assert len(deltas) == 2
