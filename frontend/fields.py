@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from kvserve.frontend.errors import ApiError, bad_request
-from kvserve.seam.limits import MAX_LOGIT_BIAS_VALUE
+from kvserve.seam.limits import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS_VALUE
 
 
 def _type_error(name: str, expected: str) -> ApiError:
@@ -38,20 +38,15 @@ def opt_bool(body: dict[str, Any], name: str) -> bool | None:
     return value
 
 
-# Every integer a client sets fits in an int64 (as in vLLM): beyond it a value cannot be a span
-# attribute (the OTLP exporter fails the whole batch), a protobuf field or a torch seed.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
 def opt_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if not is_int(value):
         raise _type_error(name, "an integer")
-    lo = INT64_MIN if lo is None else max(lo, INT64_MIN)
+    lo = INT64_MIN if lo is None else max(lo, INT64_MIN)  # int64 at most: seam/limits.py says why
     hi = INT64_MAX if hi is None else min(hi, INT64_MAX)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
+    if value < lo or value > hi:
         raise bad_request(f"'{name}' must be {_range_text(lo, hi)}", param=name)
     return value
 

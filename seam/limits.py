@@ -10,3 +10,6 @@ MAX_LOGIT_BIAS = 1024      # entries of logit_bias
 MAX_LOGIT_BIAS_VALUE = 100.0
 MAX_TIMEOUT_S = 86400.0    # a request's `timeout`, seconds from arrival
 MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements
+# Every integer a client sets fits in an int64 (as in vLLM): beyond it a value cannot be a span
+# attribute (the OTLP exporter fails the whole batch), a protobuf int64 or a torch seed.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
