@@ -45,7 +45,11 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     # handler_cancellation: when a client disconnects, aiohttp cancels its handler
     # task, which is what cancels the Triton request of a non-streaming call
     # (nothing is written to it until the end, so no write would notice).
-    runner = GatewayRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
+    # keepalive_timeout is also how long a connection may take to send a request's head: aiohttp
+    # closes a connection still waiting for a complete head when it runs out (a slowloris client).
+    config = app[GATEWAY].config
+    runner = GatewayRunner(app, handler_cancellation=True, keepalive_timeout=config.header_timeout,
+                           shutdown_timeout=SHUTDOWN_TIMEOUT_S, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -20,6 +20,7 @@ MAX_MESSAGE_CHARS = 512
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "invalid_request_error",
+    408: "timeout_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -46,6 +47,7 @@ class ApiError(Exception):
         code: str | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -54,17 +56,21 @@ class ApiError(Exception):
         self.code = code
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error")
         self.headers = headers or {}
+        self.close_connection = close_connection  # e.g. the rest of the body is not worth reading
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def to_response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             text=json.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

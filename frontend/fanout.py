@@ -4,19 +4,40 @@ and merge their deltas into one ordered-by-arrival stream.
 Leaving the `async with` block for any reason (done, error, client gone,
 handler cancelled) cancels the pump tasks, which closes each backend stream and
 so cancels each Triton request at once.
+
+The pumps never wait for the consumer (a backend stream that is not read would
+stall the engine's response path), so what a slow consumer has not taken yet
+is bounded instead: past `max_buffered_bytes` the pumps stop, the backend
+requests are cancelled (their KV blocks freed) and `on_overflow` runs once,
+for the caller to drop its client: a client that stops reading would otherwise
+make the gateway hold the engine's whole output.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
-from kvserve.frontend.protocol import BackendClient, BackendFailed, ChoiceDelta, GenerateRequest
+from kvserve.frontend.protocol import BackendClient, BackendError, BackendFailed, ChoiceDelta, GenerateRequest
 
 _END = object()
 
 
+class ConsumerTooSlow(BackendError):
+    """The consumer left more than max_buffered_bytes untaken; the requests were cancelled."""
+
+
+def delta_size(delta: ChoiceDelta) -> int:
+    """About the bytes a delta holds in memory (and will take on the wire): text, token ids,
+    logprob entries. An estimate for a bound, not an accounting."""
+    size = 64 + 4 * len(delta.text) + 8 * len(delta.token_ids)
+    for entry in delta.logprobs or ():
+        size += 96 + 4 * len(entry.token) + sum(96 + 4 * len(top.token) for top in entry.top_logprobs)
+    return size
+
+
 class Fanout:
-    def __init__(self, backend: BackendClient, requests: Sequence[GenerateRequest]) -> None:
+    def __init__(self, backend: BackendClient, requests: Sequence[GenerateRequest], *,
+                 max_buffered_bytes: int | None = None, on_overflow: Callable[[], None] | None = None) -> None:
         self._backend = backend
         self._requests = list(requests)
         self._queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
@@ -24,6 +45,10 @@ class Fanout:
         self._open = len(self._requests)
         self._buffer: list[tuple[int, ChoiceDelta]] = []
         self._ended: set[int] = set()
+        self._max_buffered = max_buffered_bytes
+        self._buffered = 0  # delta_size() of what is queued and not yet taken
+        self._on_overflow = on_overflow
+        self.overflowed = False
 
     async def __aenter__(self) -> Fanout:
         self._tasks = [asyncio.create_task(self._pump(i, r)) for i, r in enumerate(self._requests)]
@@ -46,7 +71,11 @@ class Fanout:
         stream = self._backend.generate(request)
         try:
             async for delta in stream:
+                self._buffered += delta_size(delta)
                 self._queue.put_nowait((index, delta))
+                if self._max_buffered is not None and self._buffered > self._max_buffered:
+                    self._overflow()
+                    return
             self._queue.put_nowait((index, _END))
         except asyncio.CancelledError:
             raise
@@ -55,9 +84,23 @@ class Fanout:
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
 
+    def _overflow(self) -> None:
+        if self.overflowed:
+            return
+        self.overflowed = True
+        current = asyncio.current_task()
+        for task in self._tasks:  # the other pumps: their backend requests are cancelled too
+            if task is not current:
+                task.cancel()
+        self._queue.put_nowait((-1, ConsumerTooSlow("the client did not read the stream fast enough")))
+        if self._on_overflow is not None:
+            self._on_overflow()
+
     async def _next(self) -> tuple[int, ChoiceDelta] | None:
         while self._open:
             index, item = await self._queue.get()
+            if isinstance(item, ChoiceDelta):
+                self._buffered -= delta_size(item)
             if item is _END:
                 self._open -= 1
                 self._ended.add(index)

@@ -67,10 +67,24 @@ def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
 
 
 @contextlib.asynccontextmanager
-async def _fanout(gateway: Gateway, subs: list[GenerateRequest]) -> AsyncIterator[Fanout]:
+async def _fanout(gateway: Gateway, subs: list[GenerateRequest], request: web.Request | None = None,
+                  ) -> AsyncIterator[Fanout]:
     """A Fanout the gateway knows about while it runs: graceful shutdown waits
-    for `gateway.active` to empty and aborts what is left at its deadline."""
-    async with Fanout(gateway.backend, subs) as fan:
+    for `gateway.active` to empty and aborts what is left at its deadline.
+
+    With `request` (a stream), output the client leaves unread is capped at
+    --max-stream-buffer-bytes: past it the backend requests are cancelled and the
+    connection is dropped (a client that does not read cannot be sent an error)."""
+    def drop_client() -> None:
+        assert request is not None
+        log.warning("stream %s cancelled: the client left over %d bytes unread", subs[0].request_id if subs else "",
+                    gateway.config.max_stream_buffer_bytes)
+        if request.transport is not None:
+            request.transport.abort()  # a write blocked on the full socket fails now
+
+    cap = gateway.config.max_stream_buffer_bytes if request is not None else None
+    async with Fanout(gateway.backend, subs, max_buffered_bytes=cap,
+                      on_overflow=drop_client if request is not None else None) as fan:
         gateway.active.add(fan)
         try:
             yield fan
@@ -111,7 +125,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
     choices = _choices(call, len(subs))
     usage = Usage()
     chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
-    async with _fanout(gateway, subs) as fan:
+    async with _fanout(gateway, subs, request) as fan:
         try:
             await fan.prefetch()
         except BackendError as exc:
@@ -139,6 +153,8 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
                     else:
                         await writer.send(chunks.completion(state.index, text, logprobs, delta.finish_reason))
             except BackendError as exc:
+                if fan.overflowed:
+                    return writer.response  # the connection is gone (see _fanout)
                 # Headers are gone already: the error travels as an event, then [DONE].
                 await writer.send(_api_error(gateway, call, exc).body())
                 await writer.done()

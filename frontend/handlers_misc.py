@@ -83,7 +83,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     gateway.resolve_model(F.opt_str(body, "model", max_len=512))
     tok = gateway.require_tokenizer()
     add_special = F.opt_bool(body, "add_special_tokens")
@@ -105,7 +105,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def detokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     gateway.resolve_model(F.opt_str(body, "model", max_len=512))
     tok = gateway.require_tokenizer()
     if body.get("tokens") is None:

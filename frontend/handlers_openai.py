@@ -68,7 +68,7 @@ def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req: CompletionRequest = parse_completion(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(req.sampling)
@@ -109,7 +109,7 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
-    body = await read_json_body(request, gateway.config.max_request_body_bytes)
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req: ChatRequest = parse_chat(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(req.sampling)

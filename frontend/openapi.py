@@ -160,11 +160,11 @@ def _post(summary: str, request: str, response: str, *, stream: bool, protected:
             "data": {"type": "string"}, "event": {"type": "string"}}}}
     responses = {"200": {"description": "OK", "content": ok}, "400": _error("invalid request"),
                  "404": _error("unknown model"), "413": _error("body too large"),
-                 "415": _error("body is not JSON")}
+                 "415": _error("body is not JSON"), "408": _error("the body did not arrive within --body-timeout")}
     if stream:
         responses["503"] = _error("backend not ready, overloaded or shutting down")
         responses["500"] = _error("engine failure")
-        responses["408"] = _error("the request's own timeout passed")
+        responses["408"] = _error("the body did not arrive in time, or the request's own timeout passed")
     if protected:
         responses["401"] = _error("missing or wrong API key")
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {

@@ -13,7 +13,7 @@ from kvserve.frontend.tokenizer import GatewayTokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 
-def _positive(value: str) -> float:
+def positive_number(value: str) -> float:
     number = float(value)
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
@@ -25,9 +25,9 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--triton-urls-file", metavar="FILE",
                    help="replicas one per line (`GRPC_URL [METRICS_URL]`, # comments, dns:// allowed); "
                         "re-read when it changes")
-    g.add_argument("--replica-health-interval", type=_positive, default=2.0, metavar="S",
+    g.add_argument("--replica-health-interval", type=positive_number, default=2.0, metavar="S",
                    help="seconds between ServerReady/ModelReady checks of each replica")
-    g.add_argument("--replica-discovery-interval", type=_positive, default=5.0, metavar="S",
+    g.add_argument("--replica-discovery-interval", type=positive_number, default=5.0, metavar="S",
                    help="seconds between re-resolving dns://NAME:PORT urls and checking the urls file")
     g.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=True,
                    help="send requests whose first prompt block is the same to the same replica (its prefix cache)")

@@ -1,8 +1,10 @@
 """Read a JSON request body with the checks every POST route shares:
-415 unless the body is JSON, 413 when over the configured limit, 400 when it
-does not parse or is not an object."""
+415 unless the body is JSON, 413 when over the configured limit, 408 when it
+does not arrive within the body timeout, 400 when it does not parse or is not
+an object."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -31,7 +33,7 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
+async def read_json_body(request: web.Request, limit: int, timeout: float | None = None) -> dict[str, Any]:
     ctype = request.content_type
     # No Content-Type at all is read as JSON (as vLLM's FastAPI does) for clients such as curl
     # and the SDKs; not from a web page (it sends Origin): there it is the mark of a "simple"
@@ -42,9 +44,14 @@ async def read_json_body(request: web.Request, limit: int) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)  # refuse before reading a byte of it
     try:
-        raw = await request.read()  # the app's client_max_size bounds chunked bodies too
+        # The app's client_max_size bounds chunked bodies too; the timeout bounds a client that
+        # sends a byte now and then to hold the connection (and its buffer) open.
+        raw = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="body_timeout",
+                       close_connection=True) from None
     if len(raw) > limit:
         raise _too_large(limit)
     # Decoded here, strictly: json.loads(bytes) would guess UTF-16/32 from the first bytes and

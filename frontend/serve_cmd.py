@@ -26,10 +26,12 @@ from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
-from kvserve.frontend.replica_flags import add_replica_flags, build_backend, is_remote, validate_replica_flags
+from kvserve.frontend.replica_flags import (add_replica_flags, build_backend, is_remote, positive_number,
+                                            validate_replica_flags)
 from kvserve.frontend.api_keys import load_api_keys
 from kvserve.frontend.drain import drain
-from kvserve.frontend.state import DEFAULT_MAX_BODY, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig
+from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
+                                    DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
 from kvserve.frontend.tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
@@ -69,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-repository", help="Triton model repository for the embedded host")
     p.add_argument("--max-request-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY,
                    help="larger bodies get 413 (default 4MiB)")
+    p.add_argument("--header-timeout", type=positive_number, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
+                   help="a connection must send a request's complete head within this of opening (or of its "
+                        "previous response), else it is closed; idle keep-alive connections close after it too "
+                        f"(default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    p.add_argument("--body-timeout", type=positive_number, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
+                   help=f"a request body must arrive within this, else 408 (default {DEFAULT_BODY_TIMEOUT_S:g})")
+    p.add_argument("--max-stream-buffer-bytes", type=parse_bytes, default=DEFAULT_MAX_STREAM_BUFFER,
+                   help="output a streaming client leaves unread beyond this cancels its request and drops the "
+                        "connection (default 8MiB)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
     add_engine_flags(p)
     add_replica_flags(p)
@@ -211,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             model_root=str(model_path) if model_path else None,
             api_keys=api_keys,
             max_request_body_bytes=args.max_request_body_bytes,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            max_stream_buffer_bytes=args.max_stream_buffer_bytes,
             # Derived from the model folder only when this process starts the engine:
             # a remote server may run with another --max-model-len.
             max_model_len=args.max_model_len if plan.remote else derive_max_model_len(model_dir, args.max_model_len),

@@ -21,6 +21,12 @@ from kvserve.observability.metrics_gateway import GatewayMetrics
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+# Slow clients (README, "Failures, limits and security"): a request's head must arrive within
+# HEADER (from the connection's start or its previous response; an idle keep-alive connection
+# closes after it too), its body within BODY of the head; a stream's unread output is capped.
+DEFAULT_HEADER_TIMEOUT_S = 15.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_MAX_STREAM_BUFFER = 8 * 1024 * 1024
 # Keys given with --api-key (not the keys file) belong to this tenant.
 DEFAULT_TENANT = "default"
 
@@ -32,6 +38,9 @@ class GatewayConfig:
     api_key: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant, in addition to api_key
     max_request_body_bytes: int = DEFAULT_MAX_BODY
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S
+    max_stream_buffer_bytes: int = DEFAULT_MAX_STREAM_BUFFER
     max_model_len: int | None = None  # known only when given as a flag; the engine checks anyway
     chat_template: str | None = None  # --chat-template text; overrides the tokenizer's
     log_requests: bool = False
