@@ -27,11 +27,11 @@ class ConsumerTooSlow(BackendError):
 
 
 def delta_size(delta: ChoiceDelta) -> int:
-    """About the bytes a delta holds in memory (and will take on the wire): text, token ids,
-    logprob entries. An estimate for a bound, not an accounting."""
+    """About the bytes a delta holds in memory: text, token ids, logprob entries (objects of
+    two numbers each). An estimate for a bound, not an accounting."""
     size = 64 + 4 * len(delta.text) + 8 * len(delta.token_ids)
     for entry in delta.logprobs or ():
-        size += 96 + 4 * len(entry.token) + sum(96 + 4 * len(top.token) for top in entry.top_logprobs)
+        size += 96 + 64 * len(entry.top_logprobs)
     return size
 
 
