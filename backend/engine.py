@@ -263,7 +263,7 @@ class LLMEngine:
             req.stop_reason = result.stop_string
             return RequestStatus.FINISHED_STOPPED
         if length_done:
-            if seq.detokenizer.emitted < len(seq.detokenizer.text):
+            if seq.detokenizer.has_held_text:
                 seq.pending_text += seq.detokenizer.add_tokens([], finished=True).text_delta
             return RequestStatus.FINISHED_LENGTH
         return None

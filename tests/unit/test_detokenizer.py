@@ -82,3 +82,28 @@ def test_a_stop_string_before_min_tokens_is_not_found_later_beside_a_longer_one(
             text += r.text_delta
             assert r.stop_string is None, (stops, n)
         assert text + d.add_tokens([], finished=True).text_delta == "one two three four five six seven"
+
+
+def test_a_long_run_that_never_decodes_cleanly_keeps_the_text_around_it(tok):
+    # Skipped special tokens, then lone bytes (0xA1 is never valid UTF-8 alone), then text with
+    # a multi-byte character: the window gives up waiting after a few tokens, yet nothing
+    # before or after the run is lost or broken.
+    d = IncrementalDetokenizer(tok, tok.encode("Say"), [], False, True)
+    out = d.add_tokens(tok.encode(" hi")).text_delta
+    out += "".join(d.add_tokens([1]).text_delta for _ in range(100))
+    lone = "".join(d.add_tokens([97]).text_delta for _ in range(100))
+    tail = "".join(d.add_tokens([t]).text_delta for t in tok.encode(" 😀 end"))
+    assert out == " hi"
+    assert set(lone) == {"\ufffd"} and len(lone) >= 90
+    assert tail.endswith("😀 end") and set(tail[:-len("😀 end")]) <= {"\ufffd", " "}
+
+
+def test_many_long_stop_strings_still_find_the_first_match(tok):
+    stops = [chr(0x100 + i) * 256 for i in range(63)] + ["three four"]
+    deltas, stop = _stream(tok, "one two three four five", stop=stops)
+    assert stop == "three four" and "".join(deltas) == "one two "
+    # The first to appear wins; of those completed by one token, the one that starts first.
+    deltas, stop = _stream(tok, "one two three four five", stop=["four five", "two thr", "one two three four"])
+    assert stop == "two thr" and "".join(deltas) == "one "
+    deltas, stop = _stream(tok, "one two three four five", stop=["e f", "three f"])
+    assert stop == "three f" and "".join(deltas) == "one two "
