@@ -41,6 +41,9 @@ class EngineConfig:
     # A choice's first token and its last are never held back.
     stream_interval: int = 1
     attention_backend: str = "auto"
+    # CUDA only: decode steps replay CUDA graphs captured at start-up unless this is set
+    # (vLLM's --enforce-eager); see backend/cuda_graphs.py. CPU runs are eager regardless.
+    enforce_eager: bool = False
     seed: int = 0
     num_threads: int | None = None  # CPU threads for the engine's torch ops; None: torch's default
     # CPU cores the engine leaves to the serving path and the OS (vLLM's

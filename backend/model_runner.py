@@ -104,6 +104,7 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
                           for _ in range(arch.num_hidden_layers)]
         self.num_steps = 0
+        self.graphs = self._capture_graphs()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -136,6 +137,21 @@ class ModelRunner:
                  self.kv_bytes_per_token, num_blocks - 1, self.block_size, usable_tokens,
                  num_blocks * block_bytes / 2**20)
         return num_blocks
+
+    def _capture_graphs(self):
+        """Decode CUDA graphs on CUDA with the Triton kernels (the torch path syncs with the host)."""
+        if self.device.type != "cuda" or self.config.enforce_eager or self.ops.name != "triton":
+            return None
+        from kvserve.backend.cuda_graphs import DecodeGraphs
+        from kvserve.backend.graph_buckets import capture_sizes
+
+        try:
+            return DecodeGraphs(self.model, self.ops, self.kv_caches, capture_sizes(self.config.max_num_seqs),
+                                self.max_model_len, self.block_size, self.device)
+        except RuntimeError as exc:  # serve eagerly rather than not at all
+            log.warning("CUDA graph capture failed, decode runs eagerly: %s", exc)
+            torch.cuda.synchronize(self.device)
+            return None
 
     def _profile_cuda(self, start: "_CudaSnapshot") -> CudaMemoryProfile:
         dev = self.device
@@ -216,5 +232,7 @@ class ModelRunner:
         if self.config.fault_injection_step is not None and self.num_steps == self.config.fault_injection_step:
             raise InjectedFault(f"injected fault at step {self.num_steps}")
         input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
+        if self.graphs is not None and meta.decode_only and self.graphs.can_run(input_ids.shape[0]):
+            return self.graphs.run(input_ids, positions, meta, logits_indices), sample_ids
         logits = self.model(self.ops, input_ids, positions, self.kv_caches, meta, logits_indices)
         return logits, sample_ids

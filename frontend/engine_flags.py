@@ -87,6 +87,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "the OS (as vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU); 0: the engine uses every core", non_negative_int),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
+    EngineFlag("--enforce-eager", "CUDA: run decode steps eagerly instead of replaying CUDA graphs captured at "
+               "start-up", None),
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),
     EngineFlag("--otlp-traces-endpoint", "OTLP endpoint for traces (gateway and engine)"),
     EngineFlag("--log-format", "log line format (gateway and engine)", choices=("json", "console")),
