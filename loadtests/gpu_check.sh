@@ -3,7 +3,7 @@
 # without touching torch or triton, then every stage of loadtests/gpu_check.py (kernel tests
 # and parity on CUDA, kernel_bench, the serving benchmark), results as JSON in OUT_DIR.
 #
-#   here, once:   python loadtests/gpu_bundle.py download        # cp312 wheels into .whl/ (~10 MiB)
+#   here, once:   python loadtests/gpu_bundle.py download        # cp312 wheels into .whl/ (~18 MiB)
 #   there:        bash loadtests/gpu_check.sh OUT_DIR            # with .whl/ carried beside the tree
 #
 # Environment: PYTHON (default python3: the interpreter that holds torch), KVSERVE_WHEELS
