@@ -57,12 +57,18 @@ def opt_number(
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise _type_error(name, "a number")
+    # Compared before any conversion: a JSON integer of 400 digits is a Python int that
+    # float() (and math.isfinite) cannot take; int/float comparisons are exact.
     too_low = lo is not None and (value <= lo if lo_open else value < lo)
     if too_low or (hi is not None and value > hi):
         raise bad_request(f"'{name}' must be {_range_text(lo, hi, lo_open)}", param=name)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise bad_request(f"'{name}' is too large", param=name) from None
 
 
 def opt_str(body: dict[str, Any], name: str, *, max_len: int = 1024, allow_empty: bool = True) -> str | None:

@@ -32,6 +32,7 @@ def test_token_ids_are_checked_against_the_vocabulary() -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", 2.5), ("temperature", "1"), ("temperature", float("nan")),
+    ("temperature", 10**400), ("top_p", -(10**400)), ("timeout", 10**400),
     ("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.1),
     ("n", 0), ("n", 17), ("n", True), ("max_tokens", 0), ("max_tokens", "5"), ("min_tokens", -1),
     ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5),
