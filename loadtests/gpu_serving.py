@@ -81,6 +81,9 @@ def _parse(argv):
                    help="kvserve serve's --model-repository (needed where kvserve is installed from a wheel: "
                         "the repository folder is not in it)")
     p.add_argument("--smoke", action="store_true", help="CPU dry run: the tiny model, concurrency 1 and 4")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="only write the models into the cache and exit (gpu_check does this in the background "
+                        "while the GPU runs the tests, so the serving budget is spent serving)")
     p.add_argument("--no-eager", action="store_true",
                    help="skip the --enforce-eager pass (CUDA graphs off) on the first model")
     return p.parse_args(argv)
@@ -183,6 +186,12 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(args.model_cache) if args.model_cache else out / "models"
+    if args.prepare_only:
+        for name in models:
+            t = time.perf_counter()
+            make_tiny_model(cache / name, MODEL_SHAPES[name])  # idempotent: the serving run finds it made
+            print(f"{name}: written in {time.perf_counter() - t:.1f}s", flush=True)
+        return 0
     deadline = time.monotonic() + args.budget_s
     summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "smoke": args.smoke, "load": asdict(load),
                "concurrency": concurrencies, "budget_s": args.budget_s, "models": []}

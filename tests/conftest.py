@@ -13,6 +13,11 @@ if not torch.cuda.is_available():
 
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
 
+# On a GPU an engine sizes its KV cache from --gpu-memory-utilization (0.9 of the device) as
+# vLLM's does, and refuses to start when less is free; tests build many engines per process
+# (and the GPU check runs pytest-xdist workers side by side), so there each gets a fixed cache.
+GPU_ENGINE_ARGS: dict = {"kv_cache_memory": 256 * 2**20} if torch.cuda.is_available() else {}
+
 # One cache for the whole run (and across xdist workers/subprocesses): models are deterministic.
 MODEL_CACHE = Path(os.environ.get("KVSERVE_TEST_MODELS", Path(__file__).resolve().parent.parent / ".cache" / "test-models"))
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from kvserve.backend import LLM, SamplingParams
-from tests.conftest import tiny_model
+from tests.conftest import GPU_ENGINE_ARGS, tiny_model
 from tests.parity.hf_reference import hf_greedy
 
 MAX_NEW = 24
@@ -19,7 +19,7 @@ def _prompts(seed: int, vocab: int = 500, count: int = 10) -> list[list[int]]:
 
 
 def _engine_greedy(model_dir: str, prompts, **engine_args) -> tuple[list[list[int]], LLM]:
-    llm = LLM(model=model_dir, dtype="float32", **engine_args)
+    llm = LLM(model=model_dir, dtype="float32", **{**GPU_ENGINE_ARGS, **engine_args})
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
     outs = llm.generate(prompts, params)
     assert all(o.outputs[0].finish_reason == "length" for o in outs)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvserve.backend import LLM, SamplingParams
-from tests.conftest import tiny_model
+from tests.conftest import GPU_ENGINE_ARGS, tiny_model
 from tests.parity.hf_reference import hf_greedy
 
 SCALINGS = {
@@ -29,14 +29,14 @@ def test_rope_scaling_matches_transformers(kind, tmp_path):
     cfg["rope_theta"] = 500.0  # low theta makes the scaled frequencies matter within a short context
     (dst / "config.json").write_text(json.dumps(cfg))
     prompts = [list(range(3, 3 + n)) for n in (5, 70, 150)]
-    llm = LLM(model=str(dst), dtype="float32", max_model_len=256)
+    llm = LLM(model=str(dst), dtype="float32", max_model_len=256, **GPU_ENGINE_ARGS)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0,
                                                                                 ignore_eos=True))]
     assert ours == hf_greedy(str(dst), prompts, 10)
     # The scaling must matter here, or the comparison above would prove nothing about it.
     del cfg["rope_scaling"]
     (dst / "config.json").write_text(json.dumps(cfg))
-    plain = LLM(model=str(dst), dtype="float32", max_model_len=256).generate(
+    plain = LLM(model=str(dst), dtype="float32", max_model_len=256, **GPU_ENGINE_ARGS).generate(
         prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in plain] != ours
 
@@ -46,7 +46,7 @@ def test_bfloat16_weights_load_and_stay_close_to_float32():
     prompt = list(range(10, 60))
     runs = {}
     for dtype in ("float32", "bfloat16"):
-        llm = LLM(model=src, dtype=dtype, max_model_len=128)
+        llm = LLM(model=src, dtype=dtype, max_model_len=128, **GPU_ENGINE_ARGS)
         assert llm.engine.runner.dtype == getattr(torch, dtype)
         assert llm.engine.runner.kv_caches[0][0].dtype == getattr(torch, dtype)
         out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, logprobs=5))[0]
