@@ -14,6 +14,9 @@ from kvserve.frontend import fields as F
 from kvserve.frontend.errors import bad_request, not_supported
 # The engine's limits: the gateway checks them first, to answer in the client's field names.
 from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
+from kvserve.frontend.structured_request import FIELD as CONSTRAINT_FIELD
+from kvserve.frontend.structured_request import parse_constraint
+from kvserve.frontend.tools import ToolRequest, ToolSettings, parse_tools, tool_constraint
 
 MAX_PROMPTS = 256
 MAX_CHOICES = 1024
@@ -29,6 +32,7 @@ class CommonRequest:
     include_usage: bool
     sampling: dict[str, Any]
     user: str | None
+    constraint_param: str | None  # the field a structured-output constraint came from
 
 
 @dataclass(slots=True)
@@ -44,6 +48,7 @@ class ChatRequest(CommonRequest):
     logprobs: bool = False
     top_logprobs: int = 0
     add_generation_prompt: bool = True
+    tools: ToolRequest | None = None
 
 
 def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict[str, Any]:
@@ -55,22 +60,26 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         raise bad_request("'stream_options' must be an object", param="stream_options")
     # Ignored unless streaming (lenient: a client that always sends it still works).
     include_usage = stream and bool(F.opt_bool(options or {}, "include_usage"))
-    _check_response_format(body)
     _check_unimplemented_extensions(body, chat=chat)
-    if body.get("tools") or body.get("functions"):
-        raise not_supported("tools", "tool calling")
+    constraint = parse_constraint(body)
+    if not chat and (body.get("tools") or body.get("functions")):
+        raise not_supported("tools", "tool calling in completions")
     if "suffix" in body and body["suffix"] not in (None, ""):
         raise not_supported("suffix", "'suffix'")
     best_of = F.opt_int(body, "best_of", 1, MAX_N)
     if best_of is not None and best_of != n:
         raise not_supported("best_of", "'best_of' different from 'n'")
+    sampling = _sampling(body, vocab_size, n, chat=chat)
+    if constraint is not None:
+        sampling[CONSTRAINT_FIELD] = constraint.value
     return {
         "model": model,
         "n": n,
         "stream": stream,
         "include_usage": include_usage,
-        "sampling": _sampling(body, vocab_size, n, chat=chat),
+        "sampling": sampling,
         "user": F.opt_str(body, "user", max_len=256),
+        "constraint_param": constraint.param if constraint is not None else None,
     }
 
 
@@ -78,11 +87,6 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
 # ordinary output where the client asked for constrained or differently decoded output, so
 # each is refused when set to anything but its default (None, false, empty).
 _VLLM_UNSUPPORTED = {
-    "guided_json": "structured outputs (guided decoding)",
-    "guided_regex": "structured outputs (guided decoding)",
-    "guided_choice": "structured outputs (guided decoding)",
-    "guided_grammar": "structured outputs (guided decoding)",
-    "structured_outputs": "structured outputs (guided decoding)",
     "use_beam_search": "beam search",
     "prompt_logprobs": "prompt logprobs",
     "allowed_token_ids": "'allowed_token_ids'",
@@ -102,16 +106,6 @@ def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None
         unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
         if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
             raise not_supported(name, what)
-
-
-def _check_response_format(body: dict[str, Any]) -> None:
-    fmt = body.get("response_format")
-    if fmt is None:
-        return
-    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
-        raise bad_request("'response_format' must be an object with a 'type'", param="response_format")
-    if fmt["type"] != "text":
-        raise not_supported("response_format", "a response_format type other than 'text'")
 
 
 def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:
@@ -190,8 +184,17 @@ def _prompts(value: Any, vocab_size: int | None) -> list[str | list[int]]:
     return prompts
 
 
-def parse_chat(body: dict[str, Any], vocab_size: int | None) -> ChatRequest:
+def parse_chat(body: dict[str, Any], vocab_size: int | None,
+               tool_settings: ToolSettings | None = None) -> ChatRequest:
     common = _common(body, vocab_size, chat=True)
+    tools = parse_tools(body, tool_settings or ToolSettings())
+    forced = tool_constraint(tools) if tools is not None else None
+    if forced is not None:
+        if common["constraint_param"] is not None:
+            raise bad_request(f"'tool_choice' {tools.choice!r} cannot be combined with "
+                              f"'{common['constraint_param']}'", param="tool_choice")
+        common["sampling"][CONSTRAINT_FIELD] = forced
+        common["constraint_param"] = "tools"
     messages = parse_messages(body.get("messages"))
     logprobs = bool(F.opt_bool(body, "logprobs"))
     top_logprobs = F.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -204,6 +207,7 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None) -> ChatRequest:
         logprobs=logprobs,
         top_logprobs=top_logprobs or 0,
         add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+        tools=tools,
     )
     if logprobs:
         req.sampling["logprobs"] = req.top_logprobs
@@ -224,12 +228,37 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
         out.append({"role": role, "content": _content(msg.get("content"), where, role)})
+        if role == "assistant" and msg.get("tool_calls"):
+            out[-1]["tool_calls"] = _tool_calls(msg["tool_calls"], where)
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise bad_request(f"'{where}.tool_call_id' must be a string", param="messages")
+            if call_id is not None:
+                out[-1]["tool_call_id"] = call_id
         name = msg.get("name")
         if name is not None and not isinstance(name, str):
             raise bad_request(f"'{where}.name' must be a string", param="messages")
         if name is not None:
             out[-1]["name"] = name
     return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise bad_request(f"'{where}.tool_calls' must be a list", param="messages")
+    calls = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str) or call.get("type", "function") != "function"):
+            raise bad_request(f"'{where}.tool_calls[{j}]' must be a function call with a 'name' and "
+                              "'arguments' (a JSON string)", param="messages")
+        item: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": fn["arguments"]}}
+        if isinstance(call.get("id"), str):
+            item["id"] = call["id"]
+        calls.append(item)
+    return calls
 
 
 def _content(value: Any, where: str, role: str) -> str:

@@ -70,13 +70,16 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str | None = None,
     eos_token: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> str:
+    """`extra`: more template variables (`tools`, for a template that renders them)."""
     try:
         return compile_template(template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token or "",
             eos_token=eos_token or "",
+            **(extra or {}),
         )
     except ChatTemplateError:
         raise

@@ -102,11 +102,13 @@ def internal_error() -> ApiError:
     return ApiError(500, "internal server error", code="internal_error")
 
 
-def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
+def from_backend(exc: Exception, *, prompt_param: str, constraint_param: str | None = None) -> ApiError:
     """The one mapping from backend failures to HTTP errors.
 
     `prompt_param` is "messages" for chat and "prompt" for completions, so a
-    too-long input points at the field the client actually sent.
+    too-long input points at the field the client actually sent; likewise
+    `constraint_param` for a structured-output constraint that did not compile
+    (response_format, tools, a guided_* field, or structured_outputs itself).
     """
     # Imported here: protocol.py is plain data, but keeping errors.py free of it
     # lets every module import errors without cycles.
@@ -127,6 +129,9 @@ def from_backend(exc: Exception, *, prompt_param: str) -> ApiError:
             param = prompt_param
         elif param == "logprobs" and prompt_param == "messages":
             param = "top_logprobs"
+        elif param == "structured_outputs" and constraint_param and constraint_param != param:
+            message = exc.message.split(": ", 1)[-1] if exc.message.startswith(param) else exc.message
+            return ApiError(400, f"{constraint_param}: {message}", param=constraint_param)
         return ApiError(400, exc.message, param=param)
     if isinstance(exc, ShuttingDown):
         return shutting_down()

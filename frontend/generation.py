@@ -17,9 +17,20 @@ from kvserve.frontend.errors import ApiError, from_backend
 from kvserve.frontend.fanout import Fanout
 from kvserve.frontend.middleware import request_id, request_span
 from kvserve.frontend.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
-from kvserve.frontend.responses import ChoiceState, ChunkFactory, Usage, apply_delta, chat_body, completion_body
+from kvserve.frontend.responses import (
+    ChoiceState,
+    ChunkFactory,
+    Usage,
+    apply_delta,
+    chat_body,
+    completion_body,
+    finish_with_tools,
+    tool_call_json,
+)
+from kvserve.frontend.tool_parser import Event, HermesToolParser
 from kvserve.frontend.sse import SseWriter
 from kvserve.frontend.state import Gateway
+from kvserve.frontend.tools import ToolRequest
 from kvserve.frontend.tracing_seam import annotate_request, annotate_response
 
 log = logging.getLogger("kvserve.frontend.generation")
@@ -37,6 +48,8 @@ class Call:
     logprobs: bool
     include_usage: bool
     echo_texts: list[str] | None = None  # completions `echo`: prompt text per prompt
+    constraint_param: str | None = None  # where a structured-output constraint came from
+    tools: ToolRequest | None = None  # chat with tools: tool calls are parsed out of the text
 
     @property
     def prompt_param(self) -> str:
@@ -63,7 +76,8 @@ def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
         gateway.readiness.invalidate()
     if not isinstance(exc, ApiError):
         log.warning("request %s failed in the backend: %s", call.rid, exc)
-    return exc if isinstance(exc, ApiError) else from_backend(exc, prompt_param=call.prompt_param)
+    return exc if isinstance(exc, ApiError) else from_backend(exc, prompt_param=call.prompt_param,
+                                                              constraint_param=call.constraint_param)
 
 
 @contextlib.asynccontextmanager
@@ -116,13 +130,44 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
                             token_text=gateway.token_text)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
+    if call.tools is not None and call.tools.parses_calls:
+        for state in choices:
+            _read_tool_calls(call, state)
     annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
     build = chat_body if call.chat else completion_body
     return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
 
 
+def _parser(call: Call) -> HermesToolParser:
+    return HermesToolParser(max_calls=None if call.tools is None or call.tools.parallel else 1)
+
+
+def _read_tool_calls(call: Call, state: ChoiceState) -> None:
+    """Whole response: the same parser as a stream, fed everything at once."""
+    parser = _parser(call)
+    events = parser.feed("".join(state.text)) + parser.finish()
+    state.text = [e.text for e in events if e.kind == "content"]
+    if parser.calls:
+        state.tool_calls = [tool_call_json(c.id, c.name, c.arguments) for c in parser.calls]
+    state.finish_reason = finish_with_tools(state.finish_reason, bool(parser.calls))
+
+
+def _tool_deltas(events: list[Event]) -> list[dict]:
+    """Chunk deltas in OpenAI's format: content, a call's id and name, its arguments fragments."""
+    out: list[dict] = []
+    for e in events:
+        if e.kind == "content":
+            out.append({"content": e.text})
+        elif e.kind == "call":
+            out.append({"tool_calls": [{"index": e.call.index, **tool_call_json(e.call.id, e.call.name, "")}]})
+        else:
+            out.append({"tool_calls": [{"index": e.call.index, "function": {"arguments": e.text}}]})
+    return out
+
+
 async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> web.StreamResponse:
     choices = _choices(call, len(subs))
+    parsers = {s.index: _parser(call) for s in choices} if call.tools is not None and call.tools.parses_calls else None
     usage = Usage()
     chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
     async with _fanout(gateway, subs, request) as fan:
@@ -145,6 +190,10 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
                     usage.observe(prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
                     logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text)
+                    if parsers is not None:
+                        await _send_tool_deltas(writer, chunks, state, parsers[state.index], text, logprobs,
+                                                delta.finish_reason)
+                        continue
                     if not text and logprobs is None and not delta.finish_reason:
                         continue  # nothing to tell the client (e.g. text held back for a stop string)
                     if call.chat:
@@ -168,3 +217,18 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
             gateway.metrics.stream_finished()
             annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
         return writer.response
+
+
+async def _send_tool_deltas(writer: SseWriter, chunks: ChunkFactory, state: ChoiceState, parser: HermesToolParser,
+                            text: str, logprobs, finish_reason: str | None) -> None:
+    events = parser.feed(text) if text else []
+    if finish_reason:
+        events += parser.finish()
+    deltas = _tool_deltas(events)
+    if logprobs is not None and not deltas and not finish_reason:
+        deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
+    for i, body in enumerate(deltas):
+        await writer.send(chunks.chat(state.index, body, logprobs if i == 0 else None, None))
+    if finish_reason:
+        state.finish_reason = finish_with_tools(finish_reason, bool(parser.calls))
+        await writer.send(chunks.chat(state.index, {}, None if deltas else logprobs, state.finish_reason))

@@ -15,6 +15,7 @@ from kvserve.frontend.middleware import request_span, request_tenant
 from kvserve.frontend.protocol import GenerateRequest
 from kvserve.frontend.request_body import read_json_body
 from kvserve.frontend.state import GATEWAY, Gateway, effective_cache_salt
+from kvserve.frontend.tools import ToolRequest, render_messages
 from kvserve.frontend.tracing_seam import backend_traceparent
 
 
@@ -84,20 +85,26 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     await gateway.ensure_ready()
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
-                include_usage=req.include_usage, echo_texts=echo_texts)
+                include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param)
     subs = _subrequests(request, rid, req.prompts, req.sampling, req.stream)
     return await respond(request, gateway, call, subs, req.stream)
 
 
-async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool,
+                          tools: ToolRequest | None = None) -> list[int]:
     tok = gateway.require_tokenizer()
+    template = gateway.chat_template()
+    # tool_choice "none": the tools stay out of the prompt (no call could be read back anyway).
+    messages, extra = render_messages(messages, tools.tools if tools is not None and tools.parses_calls else None,
+                                      template)
     try:
         text = render_chat(
-            gateway.chat_template(),
+            template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
+            extra=extra,
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param="messages") from None
@@ -110,13 +117,14 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
-    req: ChatRequest = parse_chat(body, gateway.vocab_size)
+    req: ChatRequest = parse_chat(body, gateway.vocab_size, gateway.config.tools)
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(req.sampling)
-    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt)
+    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools)
     _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
     await gateway.ensure_ready()
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage)
+    call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
+                constraint_param=req.constraint_param, tools=req.tools)
     subs = _subrequests(request, rid, [ids], req.sampling, req.stream)
     return await respond(request, gateway, call, subs, req.stream)

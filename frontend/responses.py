@@ -27,6 +27,7 @@ class ChoiceState:
     token_count: int = 0
     completion_lp: list[dict[str, Any]] = field(default_factory=list)
     chat_lp: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None  # chat with tools: what the parser read out of `text`
 
 
 @dataclass(slots=True)
@@ -98,7 +99,7 @@ def chat_body(rid: str, created: int, model: str, choices: list[ChoiceState], us
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": "".join(c.text)},
+                "message": _message(c),
                 "logprobs": {"content": c.chat_lp} if logprobs else None,
                 "finish_reason": c.finish_reason,
             }
@@ -106,6 +107,22 @@ def chat_body(rid: str, created: int, model: str, choices: list[ChoiceState], us
         ],
         "usage": usage.body(choices),
     }
+
+
+def _message(c: ChoiceState) -> dict[str, Any]:
+    text = "".join(c.text)
+    if not c.tool_calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": c.tool_calls}
+
+
+def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def finish_with_tools(reason: str | None, called: bool) -> str | None:
+    """OpenAI's finish_reason "tool_calls" when the model stopped after calling (not on length)."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 @dataclass(slots=True)

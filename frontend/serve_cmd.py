@@ -33,6 +33,7 @@ from kvserve.frontend.drain import drain
 from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                     DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
 from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
 from kvserve.frontend.triton_client import TritonBackendClient
 
 log = logging.getLogger("kvserve.frontend.serve")
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output a streaming client leaves unread beyond this cancels its request and drops the "
                         "connection (default 8MiB)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
+    tools = p.add_argument_group("tool calling (same names as vLLM)")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='allow tool_choice "auto": the model decides, --tool-call-parser reads its calls')
+    tools.add_argument("--tool-call-parser", choices=TOOL_PARSERS,
+                       help="how tool calls are read out of the model's text (hermes: <tool_call>{json}</tool_call>)")
     add_engine_flags(p)
     add_replica_flags(p)
     add_cors_flags(p)
@@ -198,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(fmt=args.log_format, log_requests=args.log_requests)
     try:
         plan = plan_from_args(args)
+        if args.enable_auto_tool_choice and not args.tool_call_parser:
+            raise UsageError("--enable-auto-tool-choice needs --tool-call-parser")
         chat_template = resolve_template_arg(args.chat_template)
         api_keys = load_api_keys(args.api_key or [os.environ.get("KVSERVE_API_KEY", "")], args.api_keys_file)
         setup_tracing(args.otlp_traces_endpoint, service_name="kvserve-gateway")
@@ -234,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             hosts=host_policy_from_args(args),
             version=_version(),
             shutdown_timeout=args.shutdown_timeout,
+            tools=ToolSettings(auto=args.enable_auto_tool_choice, parser=args.tool_call_parser),
         )
         signal.signal(signal.SIGTERM, previous)  # from here the event loop handles it
         return asyncio.run(run_gateway(Gateway(config, backend, tokenizer), args.host, args.port, child))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
+from kvserve.frontend.tools import ToolSettings
 from kvserve.frontend.cors_policy import CorsPolicy
 from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.frontend.host_policy import HostPolicy
@@ -48,6 +49,7 @@ class GatewayConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # in-flight requests get this long after SIGTERM
     cors: CorsPolicy = field(default_factory=CorsPolicy)  # off unless origins are given
     hosts: HostPolicy = field(default_factory=HostPolicy)  # Host header names answered (DNS rebinding)
+    tools: ToolSettings = field(default_factory=ToolSettings)  # --enable-auto-tool-choice, --tool-call-parser
 
     def key_table(self) -> dict[str, str]:
         """Every accepted API key -> its tenant (empty: no authentication)."""

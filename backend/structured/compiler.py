@@ -165,9 +165,12 @@ def _compile(compiler, spec: GrammarSpec):
 
 
 def _reason(exc: BaseException) -> str:
-    """xgrammar's message without its '[time] /project/cpp/file.cc:123:' prefix (no paths to clients)."""
+    """xgrammar's first line without its '[time] /project/cpp/file.cc:123:' prefix (no paths to
+    clients) and without any text of the grammar it may quote after it (errors quote no request)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
-    if "] " in text and ".cc:" in text:
+    if ".cc:" in text:
         text = text.split(".cc:", 1)[1].split(":", 1)[-1].strip()
-    return text[:300]
+    for cut in (" near:", " The JSON string is", ": \""):
+        text = text.split(cut, 1)[0]
+    return text[:120]

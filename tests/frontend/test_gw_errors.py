@@ -62,7 +62,7 @@ def test_bool_is_not_an_integer(server) -> None:
 def test_unsupported_features_are_clear_400s(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                       response_format={"type": "json_object"})
+                                       response_format={"type": "xml"})
     assert info.value.body["param"] == "response_format" and "not supported" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(

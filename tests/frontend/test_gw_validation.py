@@ -90,8 +90,8 @@ def test_unsupported_chat_features() -> None:
 
 
 @pytest.mark.parametrize("field, value", [
-    ("guided_json", {"type": "object"}), ("guided_choice", ["yes", "no"]), ("guided_regex", "[a-z]+"),
-    ("structured_outputs", {"choice": ["a"]}), ("use_beam_search", True), ("prompt_logprobs", 1),
+    ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
+    ("use_beam_search", True), ("prompt_logprobs", 1),
     ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("truncate_prompt_tokens", 8)])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.

@@ -120,10 +120,11 @@ def test_compiles_are_cached_with_a_bound(llm):
 
 @pytest.mark.parametrize("bad, words", [
     ({"json": "{not json"}, "not valid JSON"),
-    ({"json": {"type": "objekt"}}, "not a valid JSON schema"),
+    ({"json": {"type": "objekt"}}, "not a valid JSON schema (a 'type' keyword"),
     ({"json": {"type": "array", "uniqueItems": True}}, "'uniqueItems'"),
     ({"json": {"type": "number", "multipleOf": 3}}, "'multipleOf'"),
     ({"json": {"type": "string", "format": "hostname"}}, "format"),
+    ({"json": {"type": "object", "x-custom": 1}}, "not a JSON Schema keyword"),
     ({"json": {"$ref": "http://example.com/s.json"}}, "local $ref"),
     ({"json": {"type": "string", "description": "x" * 70000}}, "longer than"),
     ({"regex": "[a-"}, None),
