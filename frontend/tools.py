@@ -27,6 +27,7 @@ from typing import Any
 from kvserve.frontend.errors import bad_request, not_supported
 
 MAX_TOOLS = 128
+MAX_JSON_WHITESPACE = 16  # as the engine bounds it for JSON schemas (backend/structured/compiler.py)
 TOOL_PARSERS = ("hermes",)
 CALL_BEGIN = '<tool_call>\n{"name": "'
 ARGS_PREFIX = '", "arguments": '
@@ -125,11 +126,14 @@ def tool_constraint(req: ToolRequest) -> dict[str, Any] | None:
     def tag(tool: dict[str, Any]) -> dict[str, Any]:
         fn = tool["function"]
         return {"type": "tag", "begin": CALL_BEGIN + fn["name"] + ARGS_PREFIX,
-                "content": {"type": "json_schema", "json_schema": fn["parameters"]}, "end": CALL_END}
+                "content": {"type": "json_schema", "json_schema": fn["parameters"],
+                            "max_whitespace_cnt": MAX_JSON_WHITESPACE},
+                "end": CALL_END}
     if req.choice == "named":
         fmt = tag(next(t for t in req.tools if t["function"]["name"] == req.named))
     else:
-        fmt = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [tag(t) for t in req.tools],
+        # Calls only, one per line, at least one: no free text before, between or after them.
+        fmt = {"type": "tags_with_separator", "tags": [tag(t) for t in req.tools], "separator": "\n",
                "at_least_one": True, "stop_after_first": not req.parallel}
     return {"structural_tag": {"type": "structural_tag", "format": fmt}}
 

@@ -28,6 +28,9 @@ from kvserve.seam.error_wire import invalid
 log = logging.getLogger("kvserve.engine.grammar")
 
 COMPILE_TIMEOUT_S = 10.0
+# Whitespace allowed between two JSON tokens. Unbounded, a small model can loop on newlines
+# until max_tokens and return JSON cut short; 16 still fits pretty-printing a few levels deep.
+MAX_JSON_WHITESPACE = 16
 MAX_CACHED_GRAMMARS = 256
 _POOL_THREADS = 2
 
@@ -147,9 +150,11 @@ def tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
 
 def _compile(compiler, spec: GrammarSpec):
     if spec.kind == "json":
-        return compiler.compile_json_schema(spec.text)
+        return compiler.compile_json_schema(spec.text, max_whitespace_cnt=MAX_JSON_WHITESPACE)
     if spec.kind == "json_object":
-        return compiler.compile_builtin_json_grammar()
+        # OpenAI's json_object is an object (xgrammar's builtin JSON grammar takes any value).
+        return compiler.compile_json_schema('{"type": "object", "additionalProperties": true}',
+                                            max_whitespace_cnt=MAX_JSON_WHITESPACE)
     if spec.kind == "regex":
         return compiler.compile_regex(spec.text)
     if spec.kind in ("choice", "grammar"):

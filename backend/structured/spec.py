@@ -48,6 +48,7 @@ _VOCABULARY = _ENFORCED | _ANNOTATIONS | frozenset({
     "$recursiveAnchor",
 })
 _FORMATS = frozenset({"date", "time", "date-time", "email", "uuid", "uri", "ipv4", "ipv6", "duration"})
+_STRING_BOUNDS = frozenset({"minLength", "maxLength", "pattern"})  # xgrammar drops them beside a format
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "prefixItems")
 _SCHEMA_OR_BOOL = ("items", "additionalProperties")
@@ -144,6 +145,9 @@ def _check_keywords(node: Any, depth: int) -> None:
             if key in _VOCABULARY:
                 raise invalid(FIELD, f"the JSON schema keyword {key!r} is not supported")
             raise invalid(FIELD, "the JSON schema has a keyword that is not a JSON Schema keyword")
+        if key == "format" and _STRING_BOUNDS & node.keys():
+            raise invalid(FIELD, "a string format cannot be combined with minLength, maxLength or pattern "
+                                 "(the format alone is enforced)")
         if key == "format" and value not in _FORMATS:
             raise invalid(FIELD, f"a string format in the JSON schema is not supported "
                              f"(supported: {', '.join(sorted(_FORMATS))})")

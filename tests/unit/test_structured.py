@@ -67,6 +67,7 @@ def test_regex_choice_grammar_and_json_object(llm):
     out = llm.generate("Say:", _params(structured_outputs={"grammar": 'root ::= "a" [0-9] | "bc"'}))[0].outputs[0]
     assert re.fullmatch(r"a[0-9]|bc", out.text), out.text
     out = llm.generate("Obj:", _params(max_tokens=400, seed=1, structured_outputs={"json_object": True}))[0].outputs[0]
+    assert out.text.lstrip().startswith("{"), out.text  # an object, not any JSON value
     if out.finish_reason == "stop":  # a random model may ramble on inside a string until max_tokens
         assert isinstance(json.loads(out.text), dict)
     assert len(llm.engine.matchers) == 0
@@ -124,6 +125,7 @@ def test_compiles_are_cached_with_a_bound(llm):
     ({"json": {"type": "array", "uniqueItems": True}}, "'uniqueItems'"),
     ({"json": {"type": "number", "multipleOf": 3}}, "'multipleOf'"),
     ({"json": {"type": "string", "format": "hostname"}}, "format"),
+    ({"json": {"type": "string", "format": "email", "maxLength": 20}}, "cannot be combined"),
     ({"json": {"type": "object", "x-custom": 1}}, "not a JSON Schema keyword"),
     ({"json": {"$ref": "http://example.com/s.json"}}, "local $ref"),
     ({"json": {"type": "string", "description": "x" * 70000}}, "longer than"),
