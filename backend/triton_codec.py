@@ -90,6 +90,20 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent)
 
 
+def is_describe_request(request) -> bool:
+    """The gateway asking what this model serves (seam.tensors.DESCRIBE_PARAM), not a prompt."""
+    try:
+        return json.loads(request.parameters() or "{}").get(T.DESCRIBE_PARAM) is True
+    except (AttributeError, json.JSONDecodeError, TypeError):
+        return False
+
+
+def describe_tensors(pb_utils, facts: dict) -> list:
+    """The answer to a describe request: TEXT_OUTPUT holds the facts (seam.tensors.MODEL_FACTS) as JSON."""
+    assert set(facts) == set(T.MODEL_FACTS), facts
+    return [pb_utils.Tensor(T.TEXT_OUTPUT, np.array([json.dumps(facts).encode()], dtype=np.object_))]
+
+
 def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.ndarray]:
     """[tokens, 1 + k] ids and logprobs: the sampled token, then its top k (numbers only:
     the gateway, which has the tokenizer, renders their text)."""

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
 from kvserve.backend.config import EngineConfig, env_overrides
-from kvserve.backend.models.fetch import resolve_model_arg
+from kvserve.backend.models.fetch import DEFAULT_CHAT_MODEL, resolve_model_arg
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
-from kvserve.backend.triton_codec import ChoiceTotals, choice_tensors, parse_request
+from kvserve.backend.triton_codec import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
+                                          parse_request)
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 
@@ -48,9 +49,13 @@ def engine_config_from_triton(model_config: dict) -> EngineConfig:
     values = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
     values.update(env_overrides())
     values = {k: v for k, v in values.items() if k in EngineConfig.field_names()}
-    values["model"] = resolve_model_arg(values.get("model", ""))
+    given = values.get("model", "")
+    values["model"] = resolve_model_arg(given)
     if not values.get("served_model_name"):
-        values["served_model_name"] = model_config.get("name") or "llm"
+        # As vLLM names a model: the `model` argument as given (the default model's name when
+        # empty), not Triton's model name ("llm"), which no OpenAI client calls it by. A gateway
+        # learns it with a describe request (seam.tensors.DESCRIBE_PARAM).
+        values["served_model_name"] = given or DEFAULT_CHAT_MODEL
     return EngineConfig.from_strings(values)
 
 
@@ -94,6 +99,9 @@ class TritonLLMModel:
     def execute(self, requests) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            if is_describe_request(request):
+                self._describe(sender)
+                continue
             try:
                 parsed = parse_request(self.pb, request)
                 rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
@@ -119,6 +127,14 @@ class TritonLLMModel:
                 log.debug("queueing failure", exc_info=True)
                 self._send_error(sender, WireError(ErrorKind.INTERNAL, "internal error while queueing the request"))
         return None
+
+    def _describe(self, sender) -> None:
+        facts = {"max_model_len": self.engine.max_model_len, "served_model_name": self.config.model_name}
+        try:
+            sender.send(self.pb.InferenceResponse(output_tensors=describe_tensors(self.pb, facts)),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:
+            log.error("sending the model's description failed (%s)", type(exc).__name__)
 
     def is_model_ready(self) -> bool:
         """Triton Python backend's user-defined readiness (ModelReady RPC): False

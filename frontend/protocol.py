@@ -57,6 +57,14 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None  # one entry per new token when requested
 
 
+@dataclass(slots=True, frozen=True)
+class ModelFacts:
+    """What the backend says it serves (seam.tensors.MODEL_FACTS); None where it did not say."""
+
+    max_model_len: int | None
+    served_model_name: str | None
+
+
 class BackendError(Exception):
     """Base for failures of one backend request."""
 
@@ -104,6 +112,11 @@ class BackendClient(Protocol):
 
     async def metrics_text(self) -> str:
         """The backend's Prometheus exposition text ("" when it has none)."""
+        ...
+
+    async def describe(self) -> ModelFacts | None:
+        """The served model's context length and name, asked of the backend; None when it
+        cannot tell (not ready, or a model that predates the question)."""
         ...
 
     async def close(self) -> None: ...

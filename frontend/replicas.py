@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from kvserve.frontend.metrics_merge import merge_exposition
-from kvserve.frontend.protocol import BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
+                                       GenerateRequest, ModelFacts)
 from kvserve.frontend.replica_metrics import RouterMetrics
 from kvserve.frontend.replica_sources import Source, Target, gather_targets
 from kvserve.frontend.routing import RoutingPolicy, choose
@@ -296,6 +297,14 @@ class ReplicaSet:
             return first.result()
         except StopAsyncIteration:
             return None
+
+    async def describe(self) -> ModelFacts | None:
+        """The first ready replica's answer (replicas of one deployment serve one model)."""
+        for replica in [r for r in self._replicas if r.ready]:
+            facts = await replica.client.describe()
+            if facts is not None:
+                return facts
+        return None
 
     # ---- metrics and shutdown ---------------------------------------------------------------
     async def metrics_text(self) -> str:

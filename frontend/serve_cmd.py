@@ -181,6 +181,7 @@ async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess
           f"backend={gateway.backend.name}", flush=True)
     if not await gateway.backend.ready():
         log.warning("the backend is not ready yet; /health answers 503 until it is")
+    learner = asyncio.create_task(gateway.learn_model_facts_when_ready(), name="kvserve-model-facts")
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
@@ -192,6 +193,7 @@ async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess
     log.info("shutting down")
     await drain(gateway, gateway.config.shutdown_timeout, force,
                 backend_alive=lambda: child is None or child.alive())
+    learner.cancel()
     await runner.cleanup()  # cancels what is left, which cancels their Triton requests
     return exit_code
 
@@ -235,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             max_stream_buffer_bytes=args.max_stream_buffer_bytes,
             # Derived from the model folder only when this process starts the engine:
             # a remote server may run with another --max-model-len.
+            # (Unknown in front of remote backends without the flag: the gateway asks them.)
             max_model_len=args.max_model_len if plan.remote else derive_max_model_len(model_dir, args.max_model_len),
+            learn_served_name=plan.remote and not args.served_model_name,
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             cors=cors_policy_from_args(args),

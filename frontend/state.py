@@ -42,7 +42,9 @@ class GatewayConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S
     max_stream_buffer_bytes: int = DEFAULT_MAX_STREAM_BUFFER
-    max_model_len: int | None = None  # known only when given as a flag; the engine checks anyway
+    # From the flag or the model folder; else learned from the backend (Gateway.learn_model_facts).
+    max_model_len: int | None = None
+    learn_served_name: bool = False  # no --served-model-name in front of remote backends: ask them
     chat_template: str | None = None  # --chat-template text; overrides the tokenizer's
     log_requests: bool = False
     version: str = "0.1.0"
@@ -106,6 +108,8 @@ class Gateway:
     draining: bool = False  # SIGTERM received: readiness and new generation requests answer 503
     active: set = field(default_factory=set)  # Fanouts in flight (generation.py), aborted at the drain deadline
     key_digests: list = field(default_factory=list, init=False)  # [(sha256(key), tenant)] for middleware.auth
+    facts_asked: bool = False  # learn_model_facts ran (or had nothing to learn)
+    _facts_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     def __post_init__(self) -> None:
         if self.readiness is None:
@@ -152,6 +156,33 @@ class Gateway:
             raise shutting_down()
         if not await self.readiness.ready():
             raise backend_unavailable()
+        if not self.facts_asked:
+            await self.learn_model_facts()
+
+    async def learn_model_facts(self) -> None:
+        """Ask a ready backend for what the flags left unknown: the context length (so chat
+        without max_tokens gets "up to the context", not the engine's default of 16) and the
+        served name. Once: a backend that cannot tell (an older model) is not asked again."""
+        async with self._facts_lock:
+            if self.facts_asked or (self.config.max_model_len is not None and not self.config.learn_served_name):
+                self.facts_asked = True
+                return
+            facts = await self.backend.describe()
+            self.facts_asked = True
+            if facts is None:
+                return
+            if self.config.max_model_len is None and facts.max_model_len is not None:
+                self.config.max_model_len = facts.max_model_len
+            if self.config.learn_served_name and facts.served_model_name:
+                self.config.served_model_names = [facts.served_model_name]
+
+    async def learn_model_facts_when_ready(self, interval_s: float = 1.0) -> None:
+        """At startup, so /v1/models names the model before the first request."""
+        while not self.facts_asked:
+            if await self.backend.ready():
+                await self.learn_model_facts()
+            else:
+                await asyncio.sleep(interval_s)
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("kvserve_gateway", Gateway)

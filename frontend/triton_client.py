@@ -27,9 +27,10 @@ import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kvserve.frontend.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
 from kvserve.frontend.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
-from kvserve.frontend.triton_codec import build_request, classify_error, is_final, parse_response
+from kvserve.frontend.triton_codec import (build_describe_request, build_request, classify_error, is_final,
+                                           parse_model_facts, parse_response)
 
 log = logging.getLogger("kvserve.frontend.triton")
 
@@ -83,6 +84,26 @@ class TritonBackendClient:
             return bool(model.ready)
         except grpc.aio.AioRpcError:
             return False
+
+    async def describe(self) -> ModelFacts | None:
+        """One describe request (seam.tensors.DESCRIBE_PARAM) on its own stream."""
+        stub = self._get_stub()
+        request = build_describe_request(self._model)
+
+        async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+
+        call = stub.ModelStreamInfer(outgoing(), timeout=_HEALTH_TIMEOUT_S)
+        try:
+            async for message in call:
+                if message.error_message:  # a model that predates the question treats it as a prompt
+                    return None
+                return parse_model_facts(message.infer_response)
+        except grpc.aio.AioRpcError:
+            return None
+        finally:
+            call.cancel()
+        return None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         stub = self._get_stub()

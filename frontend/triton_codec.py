@@ -19,6 +19,7 @@ from kvserve.frontend.protocol import (
     BackendRejected,
     ChoiceDelta,
     GenerateRequest,
+    ModelFacts,
     TokenLogprob,
     TopLogprob,
 )
@@ -50,6 +51,32 @@ def build_request(model_name: str, req: GenerateRequest) -> service_pb2.ModelInf
     if req.traceparent:
         msg.parameters[T.TRACEPARENT_PARAM].string_param = req.traceparent
     return msg
+
+
+def build_describe_request(model_name: str) -> service_pb2.ModelInferRequest:
+    """Ask the model what it serves (seam.tensors.DESCRIBE_PARAM): no inputs, one FINAL answer."""
+    msg = service_pb2.ModelInferRequest(model_name=model_name, id="kvserve-describe")
+    msg.parameters[T.DESCRIBE_PARAM].bool_param = True
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
+    return msg
+
+
+def parse_model_facts(resp: service_pb2.ModelInferResponse) -> ModelFacts | None:
+    """The describe answer; None when it is not one (a model that predates it answers otherwise)."""
+    if not resp.outputs:
+        return None
+    try:
+        facts = json.loads(_ResponseTensors(resp).first_str(T.TEXT_OUTPUT))
+    except (ValueError, KeyError, IndexError, struct.error):
+        return None
+    if not isinstance(facts, dict):
+        return None
+    length, name = facts.get("max_model_len"), facts.get("served_model_name")
+    if not (isinstance(length, int) and not isinstance(length, bool) and length > 0):
+        length = None
+    if not (isinstance(name, str) and 0 < len(name) <= 256):
+        name = None
+    return ModelFacts(length, name)
 
 
 def _add_input(msg: service_pb2.ModelInferRequest, name: str, dtype: str, shape: list[int], raw: bytes) -> None:

@@ -30,6 +30,12 @@ OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON, INDEX, PROMPT_TOKENS, COMPLET
 
 # ---- request parameters (ModelInferRequest.parameters) -----------------------------------------
 TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway's client span
+# A request with this parameter true (and no inputs) asks the model what it serves: one FINAL
+# response whose TEXT_OUTPUT is a JSON object with the MODEL_FACTS keys. A gateway in front of
+# tritonserver learns the context length and the served name this way: neither ModelMetadata nor
+# ModelConfig can carry them (a Python backend's auto-complete cannot add parameters).
+DESCRIBE_PARAM = "kvserve_describe"
+MODEL_FACTS = ("max_model_len", "served_model_name")
 
 # The keys of `sampling_parameters`: SamplingParams' init fields (tests/contract checks both ways).
 SAMPLING_FIELDS = frozenset({

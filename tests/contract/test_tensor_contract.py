@@ -118,3 +118,25 @@ def test_logprobs_cross_as_numbers_and_come_back_whole() -> None:
     delta = gateway_codec.parse_response(resp)
     got = [(e.token_id, e.logprob, [(t.token_id, t.logprob) for t in e.top_logprobs]) for e in delta.logprobs]
     assert got == [(e.token_id, e.logprob, e.top) for e in entries]
+
+
+def test_a_describe_request_is_recognised_and_its_answer_read_back() -> None:
+    """The gateway's describe request is one the backend recognises (by its parameter), and
+    the backend's answer, serialised by the embedded host, reads back as the same facts."""
+    import json
+
+    from kvserve.backend.host.codec import encode_response
+    from kvserve.backend.host.pb_utils import InferenceResponse, Tensor
+
+    msg = gateway_codec.build_describe_request("llm")
+    params = {k: v.bool_param for k, v in msg.parameters.items()}
+    request = types.SimpleNamespace(parameters=lambda: json.dumps(params))
+    assert backend_codec.is_describe_request(request) and not msg.inputs
+    prompt = types.SimpleNamespace(parameters=lambda: json.dumps({T.TRACEPARENT_PARAM: "00-x"}))
+    assert not backend_codec.is_describe_request(prompt)
+    facts = {"max_model_len": 4096, "served_model_name": "m"}
+    tensors = backend_codec.describe_tensors(types.SimpleNamespace(Tensor=Tensor), facts)
+    resp = encode_response(InferenceResponse(output_tensors=tensors), model_name="llm", model_version="1",
+                           request_id="r", requested_outputs=None)
+    got = gateway_codec.parse_model_facts(resp)
+    assert (got.max_model_len, got.served_model_name) == (4096, "m")

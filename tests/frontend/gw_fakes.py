@@ -89,6 +89,9 @@ class FakeBackend:
     async def close(self) -> None:
         pass
 
+    async def describe(self):
+        return None  # the gateway keeps what its flags say
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         self.requests.append(request)
         if isinstance(request.prompt, str):

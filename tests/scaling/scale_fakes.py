@@ -36,6 +36,9 @@ class ScriptedReplica:
     async def close(self) -> None:
         self.closed = True
 
+    async def describe(self):
+        return None
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         self.seen.append(request.request_id)
         done = False
