@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--no-tokenize", action="store_true",
                       help="do not use the server's /tokenize; estimate one token per word")
+    data.add_argument("--tokenizer", default=None, metavar="PATH",
+                      help="count prompt tokens with this local tokenizer (HF folder or tokenizer.json) instead "
+                           "of the server's /tokenize: the same texts for any server (completions only)")
     data.add_argument("--random-input-len", type=int, default=1024)
     data.add_argument("--random-output-len", type=int, default=128)
     data.add_argument("--random-range-ratio", type=float, default=0.0,
@@ -56,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--burstiness", type=float, default=1.0,
                       help="gamma shape of inter-arrivals: 1 Poisson, <1 burstier, >1 steadier")
     load.add_argument("--max-concurrency", type=int, default=None)
+    load.add_argument("--num-warmups", type=int, default=0,
+                      help="send the first prompt this many times (under --max-concurrency) before the run, "
+                           "unrecorded, as vllm bench serve does")
     load.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (exact output lengths)")
     load.add_argument("--temperature", type=float, default=0.0)
     load.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into every request body")
@@ -140,6 +146,11 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
     if args.burstiness <= 0:
         raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
+    if args.num_warmups < 0:
+        raise ValueError(f"--num-warmups must be >= 0, got {args.num_warmups}")
+    if args.tokenizer is not None and (args.no_tokenize or args.endpoint_type == "chat"):
+        raise ValueError("--tokenizer counts completions prompts; it goes with neither --no-tokenize "
+                         "nor --endpoint-type chat")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not isinstance(args.extra_body, dict):

@@ -26,6 +26,7 @@ from kvserve.loadtests.bench_args import build_parser, make_dataset, validate
 from kvserve.loadtests.bench_request import BenchRequest
 from kvserve.loadtests.client import EndpointConfig
 from kvserve.loadtests.datasets import Dataset
+from kvserve.loadtests.local_tokenizer import load_counter
 from kvserve.loadtests.metrics import compute_metrics, parse_goodput, parse_percentiles
 from kvserve.loadtests.prompt_builder import ExactPromptBuilder, PromptBuilder, WordPromptBuilder
 from kvserve.loadtests.report import build_document, format_table, write_json
@@ -41,7 +42,11 @@ async def prepare(args: argparse.Namespace, dataset: Dataset) -> tuple[str, list
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.request_timeout)) as session:
         model = args.model or await first_model(session, base, headers)
         builder: PromptBuilder = WordPromptBuilder()
-        if not args.no_tokenize:
+        if args.tokenizer is not None:
+            exact = ExactPromptBuilder(load_counter(args.tokenizer))
+            await exact.calibrate()
+            builder = exact
+        elif not args.no_tokenize:
             counter = await probe_tokenize(session, base, model, args.endpoint_type == "chat", headers)
             if counter is not None:
                 exact = ExactPromptBuilder(counter)
@@ -108,6 +113,12 @@ async def _run(args: argparse.Namespace, dataset: Dataset) -> int:
     print(f"kvserve bench: {len(requests)} {dataset.name} prompts -> {endpoint.url} "
           f"(model {model}, rate {args.request_rate}, burstiness {args.burstiness}, "
           f"max concurrency {args.max_concurrency})", file=sys.stderr)
+    if args.num_warmups > 0 and requests:
+        # As vllm bench serve: copies of the first prompt, capped like the run, sent all at once.
+        print(f"kvserve bench: warming up with {args.num_warmups} requests", file=sys.stderr)
+        warm = LoadConfig(float("inf"), 1.0, args.max_concurrency, args.seed, args.request_timeout,
+                          show_progress=False)
+        await run_load([requests[0]] * args.num_warmups, endpoint, warm)
     result = await run_load(requests, endpoint, load)
     return report(args, dataset, model, exact, result)
 
