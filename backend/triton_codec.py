@@ -76,9 +76,11 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     raw = _first_scalar(pb_utils, request, T.SAMPLING_PARAMETERS)
     try:
         data = json.loads(_as_text(raw, T.SAMPLING_PARAMETERS)) if raw is not None else {}
+        params = SamplingParams.from_dict(data)
     except json.JSONDecodeError as exc:
         raise invalid(T.SAMPLING_PARAMETERS, f"malformed JSON ({exc.msg})") from None
-    params = SamplingParams.from_dict(data)
+    except RecursionError:  # nested deeper than the parser (or a value's repr) can go
+        raise invalid(T.SAMPLING_PARAMETERS, "nested too deeply") from None
     stream = _first_scalar(pb_utils, request, T.STREAM)
     traceparent = None
     try:

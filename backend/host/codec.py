@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from typing import Any, Sequence
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .errors import InferError
-from .pb_utils.dtypes import WIRE_TO_NUMPY, deserialize_bytes_tensor, serialize_byte_tensor, wire_dtype_of
+from .pb_utils.dtypes import WIRE_TO_NUMPY, serialize_byte_tensor, wire_dtype_of
 from .pb_utils.errors import TritonError
 from .pb_utils.response import InferenceResponse
 from .pb_utils.tensor import Tensor
@@ -42,15 +43,17 @@ def _decode_one(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None
                          f"[request id: {rid}] input '{tensor.name}' has unsupported data-type '{dtype}'")
     if raw is not None:
         if dtype == "BYTES":
+            # At least 4 bytes (a length) per element: a count the buffer cannot hold is refused
+            # before reading it, and no more than `count` elements are ever read.
+            if count * 4 > len(raw):
+                raise InferError(TritonError.INVALID_ARG,
+                                 f"[request id: {rid}] expected {count} string elements for inference input "
+                                 f"'{tensor.name}', the buffer holds fewer")
             try:
-                flat = deserialize_bytes_tensor(raw)
+                flat = _read_bytes_elements(raw, count)
             except ValueError as exc:
                 raise InferError(TritonError.INVALID_ARG,
                                  f"[request id: {rid}] input '{tensor.name}': {exc}") from None
-            if flat.size != count:
-                raise InferError(TritonError.INVALID_ARG,
-                                 f"[request id: {rid}] expected {count} string elements for inference input "
-                                 f"'{tensor.name}', got {flat.size}")
             return flat.reshape(shape)
         np_type = np.dtype(WIRE_TO_NUMPY[dtype])
         if len(raw) != count * np_type.itemsize:
@@ -60,16 +63,36 @@ def _decode_one(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None
         # A copy: models may modify inputs in place, which a buffer-backed view forbids.
         return np.frombuffer(raw, dtype=np_type).reshape(shape).copy()
     field = _CONTENTS_FIELD.get(dtype)
-    values = list(getattr(tensor.contents, field)) if field else []
-    if len(values) != count:
+    repeated = getattr(tensor.contents, field) if field else ()
+    if len(repeated) != count:  # counted before anything is copied out of the message
         raise InferError(TritonError.INVALID_ARG,
-                         f"[request id: {rid}] unexpected number of elements {len(values)} in contents of input "
+                         f"[request id: {rid}] unexpected number of elements {len(repeated)} in contents of input "
                          f"'{tensor.name}', expecting {count}")
+    values = list(repeated)
     if dtype == "BYTES":
         out = np.empty(count, dtype=np.object_)
         out[:] = [bytes(v) for v in values]
         return out.reshape(shape)
     return np.array(values, dtype=WIRE_TO_NUMPY[dtype]).reshape(shape)
+
+
+def _read_bytes_elements(raw: bytes, count: int) -> np.ndarray:
+    """`count` <uint32 LE length><bytes> elements that fill `raw` exactly."""
+    view = memoryview(raw)
+    out = np.empty(count, dtype=np.object_)
+    offset, unpack = 0, struct.Struct("<I").unpack_from
+    for i in range(count):
+        if offset + 4 > len(view):
+            raise ValueError("truncated BYTES element length prefix")
+        (length,) = unpack(view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise ValueError("BYTES element runs past the end of the buffer")
+        out[i] = bytes(view[offset:offset + length])
+        offset += length
+    if offset != len(view):
+        raise ValueError(f"more data than its {count} BYTES elements")
+    return out
 
 
 def decode_inputs(request: pb.ModelInferRequest, rid: str) -> list[Tensor]:

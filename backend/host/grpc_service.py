@@ -23,7 +23,7 @@ from .pb_utils.errors import TritonError
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository, parse_version
 from .request_handle import Delivery, RequestHandle
-from .request_parse import parse_request
+from .request_parse import parse_request_async
 
 SERVER_NAME = "triton"
 SERVER_VERSION = "kvserve-embedded-host"
@@ -97,7 +97,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if runtime.decoupled:
                 raise InferError(TritonError.UNSUPPORTED,
                                  "ModelInfer RPC doesn't support models with decoupled transaction policy")
-            parsed = parse_request(request, runtime.config)
+            parsed = await parse_request_async(request, runtime.config)
         except InferError as exc:
             await context.abort(exc.grpc_code, exc.message)
         loop = asyncio.get_running_loop()

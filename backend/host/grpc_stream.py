@@ -24,12 +24,11 @@ from tritonclient.grpc import service_pb2 as pb
 
 from .errors import InferError
 from .loop_handoff import handoff_for
-from .pb_utils.errors import TritonError
 from .metrics import HostMetrics
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository
 from .request_handle import Delivery, RequestHandle
-from .request_parse import parse_request
+from .request_parse import parse_request_async
 
 _LOG = logging.getLogger("kvserve.host")
 FINAL_PARAM = "triton_final_response"
@@ -83,7 +82,7 @@ class StreamSession:
     async def _read(self) -> None:
         try:
             async for request in self._requests:
-                self._start(request)
+                await self._start(request)  # one at a time: non-decoupled answers keep request order
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a broken stream ends the RPC, cancelling what is in flight
@@ -92,20 +91,16 @@ class StreamSession:
         self._reading = False
         self._maybe_end()
 
-    def _start(self, request: pb.ModelInferRequest) -> None:
+    async def _start(self, request: pb.ModelInferRequest) -> None:
         slot: _Slot | None = None
         try:
             runtime = self._repo.lookup(request.model_name, request.model_version)
             if not runtime.decoupled:
                 slot = _Slot()
                 self._ordered.append(slot)
-            parsed = parse_request(request, runtime.config)
+            parsed = await parse_request_async(request, runtime.config)  # a host bug costs this request only
         except InferError as exc:
             self._issue_error(request, exc, slot)
-            return
-        except Exception as exc:  # a host bug must cost this request, not the whole stream
-            _LOG.exception("failed to read a stream request")
-            self._issue_error(request, InferError(TritonError.INTERNAL, f"failed to read the request: {exc}"), slot)
             return
         handle = RequestHandle(model_name=runtime.name, model_version=runtime.version_str,
                                request_id=request.id, requested_filter=parsed.requested_filter,

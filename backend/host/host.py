@@ -29,12 +29,16 @@ _LOG = logging.getLogger("kvserve.host")
 # after a few early ones, so an idle gateway logged an error and reconnected every ~30 s.
 # tritonserver needs the same on its command line (README, deploy/).
 MIN_PING_INTERVAL_WITHOUT_DATA_MS = 5_000
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
 
 def _grpc_options() -> list[tuple[str, int]]:
     return [
-        # tritonserver allows messages of any size; gRPC's default cap is 4 MiB.
-        ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+        # tritonserver's cap (INT32_MAX both ways; gRPC's own default is 4 MiB). What a big
+        # message costs is bounded elsewhere: element counts are checked before any decoding,
+        # and large inputs are decoded off the event loop (request_parse.py).
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_WITHOUT_DATA_MS),
     ]

@@ -20,6 +20,7 @@ from .pb_utils.errors import TritonError
 
 _LOG = logging.getLogger("kvserve.host")
 CONFIG_FILE = "config.pbtxt"
+_INT64_MAX = 2**63 - 1  # model versions are int64 in tritonserver
 
 
 @dataclass(slots=True)
@@ -35,10 +36,13 @@ class ModelEntry:
 
 
 def parse_version(version: str) -> int:
-    """A request's model version string as a number; INVALID_ARG (tritonserver's message) otherwise."""
-    if not (version.isascii() and version.isdigit()):  # "-1", "abc", "1.0", " 1" and "²" are refused
+    """A request's model version string as a number; INVALID_ARG otherwise. The message is
+    tritonserver's without the string itself: a client's bytes are never repeated back."""
+    # "-1", "abc", "1.0", " 1" and "²" are refused, and so is anything past an int64 (Python's
+    # own conversion error, beyond 4300 digits, was an UNKNOWN quoting the limit).
+    if not (version.isascii() and version.isdigit()) or len(version) > 19 or int(version) > _INT64_MAX:
         raise InferError(TritonError.INVALID_ARG,
-                         f"failed to get model version from specified version string '{version}', "
+                         "failed to get model version from specified version string, "
                          "version should be an integral value > 0")
     return int(version)
 

@@ -6,6 +6,8 @@ out here; every other parameter is passed to the model through
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -19,6 +21,7 @@ from .pb_utils.errors import TritonError
 from .pb_utils.request import TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 from .pb_utils.tensor import Tensor
 
+_LOG = logging.getLogger("kvserve.host")
 EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 _IGNORED_RESERVED = frozenset({"priority", "headers", "binary_data_output"})
 
@@ -50,7 +53,11 @@ def _parse_parameters(request: pb.ModelInferRequest, parsed: ParsedRequest, rid:
         elif key == "sequence_end":
             parsed.flags |= TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if value else 0
         elif key == "timeout":
-            parsed.timeout = int(value or 0)
+            # As tritonserver: an int64 of microseconds; the message never repeats the value.
+            if param.WhichOneof("parameter_choice") != "int64_param" or value < 0:
+                raise InferError(TritonError.INVALID_ARG,
+                                 f"invalid value for '{key}' parameter, expected a non-negative int64_param.")
+            parsed.timeout = value
         elif key == EMPTY_FINAL_PARAM:
             if param.WhichOneof("parameter_choice") != "bool_param":
                 raise InferError(TritonError.INVALID_ARG,
@@ -131,3 +138,24 @@ def parse_request(request: pb.ModelInferRequest, config: mc.ModelConfig) -> Pars
     )
     _parse_parameters(request, parsed, rid)
     return parsed
+
+
+async def parse_request_async(request: pb.ModelInferRequest, config: mc.ModelConfig) -> ParsedRequest:
+    """parse_request off the event loop: turning MiB of BYTES elements into Python objects
+    takes seconds, during which health checks and every other stream would stand still.
+    Any failure is an InferError: a host bug reading a request costs that request an
+    INTERNAL naming only the exception's type, never a message repeating its bytes."""
+    try:
+        # Always on a worker thread: how big a request is cannot be learnt on the loop for
+        # free (ByteSize() serialises the message, reading raw_input_contents copies every
+        # buffer: each ~100 ms for 16 MiB), and the hop costs tens of microseconds.
+        return await asyncio.to_thread(parse_request, request, config)
+    except InferError:
+        raise
+    except RecursionError:
+        raise InferError(TritonError.INVALID_ARG, f"[request id: {log_id(request)}] request nested too deeply") from None
+    except Exception as exc:
+        _LOG.error("failed to read a request (%s)", type(exc).__name__)
+        _LOG.debug("request parse failure", exc_info=True)
+        raise InferError(TritonError.INTERNAL,
+                         f"[request id: {log_id(request)}] failed to read the request ({type(exc).__name__})") from None
