@@ -39,6 +39,10 @@ def _grpc_options() -> list[tuple[str, int]]:
         # and large inputs are decoded off the event loop (request_parse.py).
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+        # gRPC sets SO_REUSEPORT by default, so a second host on a taken port bound it too and
+        # the kernel split connections between the two; tritonserver leaves it off unless
+        # --reuse-grpc-port is given. Off: a taken port is a bind error.
+        ("grpc.so_reuseport", 0),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_WITHOUT_DATA_MS),
     ]
@@ -96,10 +100,13 @@ async def start_host(
     servicer = InferenceServicer(repo, metrics, strict_readiness=strict_readiness)
     server = grpc.aio.server(options=_grpc_options())
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{grpc_port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{grpc_port}")
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
     if bound == 0:
         await asyncio.to_thread(repo.shutdown)
-        raise OSError(f"cannot bind gRPC to {host}:{grpc_port}")
+        raise OSError(f"cannot bind gRPC to {host}:{grpc_port} (address in use, or not this machine's)")
     await server.start()
 
     http: HttpEndpoints | None = None
@@ -107,10 +114,10 @@ async def start_host(
         http = HttpEndpoints(REGISTRY, live=lambda: True, ready=servicer.server_ready)
         try:
             metrics_port = await http.start(host, metrics_port)
-        except OSError:
+        except OSError as exc:
             await server.stop(None)
             await asyncio.to_thread(repo.shutdown)
-            raise
+            raise OSError(f"cannot bind metrics to {host}:{metrics_port} ({exc.strerror or exc})") from None
     _LOG.info("serving gRPC on %s:%d, metrics on %s", host, bound,
               f"{host}:{metrics_port}" if http else "(disabled)")
     return HostHandle(host, bound, metrics_port, repo, server, servicer, http)

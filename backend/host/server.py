@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                                             "over KServe v2 gRPC, as tritonserver would.")
     p.add_argument("--model-repository", required=True, help="folder of <model>/config.pbtxt + <version>/model.py")
     p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002,
-                   help="HTTP port for /metrics and /v2/health/{live,ready}")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="HTTP port for /metrics and /v2/health/{live,ready} (default: the gRPC port + 1, "
+                        "8002 beside tritonserver's 8001, and where a gateway's --triton-url looks)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--strict-readiness", type=_bool, default=True,
@@ -95,8 +96,8 @@ async def _serve(args: argparse.Namespace, ready_out: TextIO) -> int:
         os._exit(0)
     try:
         handle = starting.result()
-    except OSError as exc:
-        _LOG.error("%s", exc)
+    except OSError as exc:  # a port taken (or not ours to bind): say which, and exit 1
+        _LOG.error("cannot start: %s", exc)
         return 1
     if args.exit_on_error and not handle.repository.all_ready():
         failed = sorted({name for name, _, state, _ in handle.repository.index()
@@ -117,6 +118,9 @@ async def _serve(args: argparse.Namespace, ready_out: TextIO) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.metrics_port is None:
+        # One flag moves both ports: two hosts started with only --grpc-port no longer collide on 8002.
+        args.metrics_port = args.grpc_port + 1 if args.grpc_port else 0
     _configure_logging(args.log_level)
     ready_out = _reserve_stdout()
     try:

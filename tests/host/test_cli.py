@@ -183,3 +183,43 @@ def test_sigterm_while_a_model_is_still_loading(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and out == ""
+
+
+def _free_pair() -> int:
+    """A port N with N + 1 free too."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_metrics_port_defaults_to_grpc_port_plus_one_and_a_taken_port_exits_1(healthy_repo: Path) -> None:
+    # The gateway's --triton-url assumes metrics on the gRPC port + 1: two hosts started with
+    # only --grpc-port once both wanted 8002, and the second lost (its metrics, or its start).
+    grpc_port = _free_pair()
+    first = subprocess.Popen([*HOST_CMD, "--model-repository", str(healthy_repo), "--grpc-port", str(grpc_port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = read_line(first)
+        assert line == f"kvserve-host ready grpc=127.0.0.1:{grpc_port} metrics=127.0.0.1:{grpc_port + 1}\n"
+        assert http_get(f"http://127.0.0.1:{grpc_port + 1}/v2/health/live")[0] == 200
+        # Same gRPC port again: refused (gRPC's SO_REUSEPORT had let it share the port silently).
+        # Another gRPC port whose metrics port is taken: refused too. Each says why, exit 1.
+        cases = ((["--grpc-port", str(grpc_port), "--metrics-port", "0"], f"gRPC to 127.0.0.1:{grpc_port}"),
+                 (["--grpc-port", str(free_port()), "--metrics-port", str(grpc_port + 1)],
+                  f"metrics to 127.0.0.1:{grpc_port + 1}"))
+        for args, reason in cases:
+            second = subprocess.run([*HOST_CMD, "--model-repository", str(healthy_repo), *args],
+                                    capture_output=True, text=True, timeout=60)
+            assert second.returncode == 1, (args, second.stderr[-2000:])
+            assert second.stdout == ""
+            assert f"cannot bind {reason}" in second.stderr, second.stderr[-2000:]
+        assert first.poll() is None  # the first host serves on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
