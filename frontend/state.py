@@ -25,7 +25,9 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # Slow clients (README, "Failures, limits and security"): a request's head must arrive within
 # HEADER (from the connection's start or its previous response; an idle keep-alive connection
 # closes after it too), its body within BODY of the head; a stream's unread output is capped.
-DEFAULT_HEADER_TIMEOUT_S = 15.0
+# 75 s: aiohttp uses one timer for both, and an idle keep-alive connection must outlive a load
+# balancer's own idle timeout (60 s on AWS ALB), else the balancer reuses a closed one (a 502).
+DEFAULT_HEADER_TIMEOUT_S = 75.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_STREAM_BUFFER = 8 * 1024 * 1024
 # Keys given with --api-key (not the keys file) belong to this tenant.
