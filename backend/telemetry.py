@@ -121,6 +121,8 @@ class RequestLog:
 
     def _queued(self, prompt: str | list[int], params, stream: bool, tokenizer) -> None:
         fields = {"stream": stream, "n": params.n, "max_tokens": params.max_tokens}
+        if params.grammar is not None:
+            fields["structured_outputs"] = params.grammar.kind  # the kind only: a schema may be large
         if isinstance(prompt, list):
             fields["prompt_tokens"] = len(prompt)
         if log_requests_enabled():

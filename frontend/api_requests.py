@@ -228,14 +228,17 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
         out.append({"role": role, "content": _content(msg.get("content"), where, role)})
-        if role == "assistant" and msg.get("tool_calls"):
-            out[-1]["tool_calls"] = _tool_calls(msg["tool_calls"], where)
-        if role == "tool":
-            call_id = msg.get("tool_call_id")
-            if call_id is not None and not isinstance(call_id, str):
-                raise bad_request(f"'{where}.tool_call_id' must be a string", param="messages")
-            if call_id is not None:
-                out[-1]["tool_call_id"] = call_id
+        if msg.get("tool_calls") is not None:
+            calls = _tool_calls(msg["tool_calls"], where)
+            if calls and role != "assistant":
+                raise bad_request(f"'{where}.tool_calls': only assistant messages carry tool calls", param="messages")
+            if calls:
+                out[-1]["tool_calls"] = calls
+        call_id = msg.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise bad_request(f"'{where}.tool_call_id' must be a string", param="messages")
+        if call_id is not None and role == "tool":
+            out[-1]["tool_call_id"] = call_id
         name = msg.get("name")
         if name is not None and not isinstance(name, str):
             raise bad_request(f"'{where}.name' must be a string", param="messages")
@@ -251,7 +254,8 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
     for j, call in enumerate(value):
         fn = call.get("function") if isinstance(call, dict) else None
         if (not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
-                or not isinstance(fn.get("arguments"), str) or call.get("type", "function") != "function"):
+                or not isinstance(fn.get("arguments"), str) or call.get("type", "function") != "function"
+                or not isinstance(call.get("id", ""), str)):
             raise bad_request(f"'{where}.tool_calls[{j}]' must be a function call with a 'name' and "
                               "'arguments' (a JSON string)", param="messages")
         item: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": fn["arguments"]}}

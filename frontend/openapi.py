@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvserve.frontend.api_requests import CHAT_ROLES, MAX_PROMPTS
+from kvserve.frontend.tools import MAX_TOOLS
 from kvserve.seam.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
 )
@@ -62,14 +63,53 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "stream": _bool(),
         "stream_options": {"type": "object", "nullable": True, "description": "used only with stream: true",
                            "properties": {"include_usage": _bool()}},
-        "response_format": {"type": "object", "nullable": True, "required": ["type"],
-                            "properties": {"type": {"type": "string", "enum": ["text"]}}},
+        "response_format": {"type": "object", "nullable": True, "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {"type": "object", "required": ["schema"], "description": "with type json_schema",
+                            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 64},
+                                           "schema": {"type": "object"}, "strict": _bool()}}}},
+        **_constraint_props(),
         "cache_salt": {"type": "string", "minLength": 1, "maxLength": 256, "nullable": True,
                        "description": "prefix-cache scope within the caller's tenant"},
         "timeout": {**_num(0, MAX_TIMEOUT_S, exclusive_lo=True),
                     "description": "kvserve extension: seconds; past it the request ends with a timeout error"},
         "include_stop_str_in_output": _bool(),
         "skip_special_tokens": _bool(),
+    }
+
+
+def _constraint_props() -> dict[str, Any]:
+    """vLLM's structured-output fields (see frontend/structured_request.py): one per request."""
+    text = {"type": "string", "minLength": 1, "nullable": True}
+    json_or_text = {"nullable": True, "oneOf": [{"type": "object"}, {"type": "string", "minLength": 1}]}
+    choice = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}, "nullable": True}
+    return {
+        "structured_outputs": {
+            "type": "object", "nullable": True, "minProperties": 1, "additionalProperties": False,
+            "description": "exactly one constraint: json (a JSON schema), json_object, regex, choice, "
+                           "grammar (xgrammar EBNF) or structural_tag (xgrammar's)",
+            "properties": {"json": json_or_text, "json_object": _bool(), "regex": text, "choice": choice,
+                           "grammar": text, "structural_tag": json_or_text}},
+        "guided_json": json_or_text, "guided_regex": text, "guided_choice": choice, "guided_grammar": text,
+    }
+
+
+def _tool_props() -> dict[str, Any]:
+    function = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+        "description": {"type": "string", "nullable": True},
+        "parameters": {"type": "object", "description": "a JSON schema; default: no parameters"}}}
+    return {
+        "tools": {"type": "array", "maxItems": MAX_TOOLS, "nullable": True, "items": {
+            "type": "object", "required": ["type", "function"],
+            "properties": {"type": {"type": "string", "enum": ["function"]}, "function": function}}},
+        "tool_choice": {"nullable": True, "oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"], "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+        ]},
+        "parallel_tool_calls": _bool(),
     }
 
 
@@ -80,11 +120,18 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
     ids = {"type": "array", "minItems": 1, "items": token_id}
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+    tool_call = {"type": "object", "required": ["function"], "properties": {
+        "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+            "name": {"type": "string"}, "arguments": {"type": "string", "description": "JSON text"}}}}}
     message = {"type": "object", "required": ["role"], "properties": {  # an assistant message may omit content
         "role": {"type": "string", "enum": sorted(CHAT_ROLES)},
         "content": {"nullable": True, "description": "null only for an assistant message",
                     "oneOf": [{"type": "string"}, {"type": "array", "items": text_part}]},
         "name": {"type": "string", "nullable": True},
+        "tool_calls": {"type": "array", "nullable": True, "description": "assistant messages only",
+                       "items": tool_call},
+        "tool_call_id": {"type": "string", "nullable": True, "description": "with role tool"},
     }}
     usage = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
         "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"},
@@ -109,6 +156,7 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "max_completion_tokens": _num(1, integer=True),
             "logprobs": _bool(),
             "top_logprobs": _num(0, MAX_LOGPROBS, integer=True),
+            **_tool_props(),
         }},
         "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
             "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
@@ -122,7 +170,8 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "created": {"type": "integer"}, "model": {"type": "string"}, "usage": usage,
             "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
                 "index": {"type": "integer"}, "finish_reason": finish,
-                "message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string", "nullable": True}}},
+                "message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string", "nullable": True},
+                                                              "tool_calls": {"type": "array", "items": tool_call}}},
                 "logprobs": {"type": "object", "nullable": True}}}},
         }},
         "Model": {"type": "object", "required": ["id", "object"], "properties": {

@@ -21,8 +21,6 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 # vLLM options beside the constraint that change how it is enforced: refused, not ignored.
 _GUIDED_OPTIONS = ("guided_decoding_backend", "guided_whitespace_pattern")
-_STRUCTURED_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
-                       "backend", "disable_fallback")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +30,8 @@ class Constraint:
 
 
 def _set(value: Any) -> bool:
-    return not (value is None or value is False or (isinstance(value, (str, list, dict)) and not value))
+    # Only null is "not set": false, "" or [] are values, checked (and refused) like any other.
+    return value is not None
 
 
 def parse_constraint(body: dict[str, Any]) -> Constraint | None:
@@ -64,14 +63,21 @@ def _response_format(fmt: Any) -> dict[str, Any] | None:
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
         raise bad_request("'response_format' must be an object with a 'type'", param="response_format")
     kind = fmt["type"]
+    if kind not in ("text", "json_object", "json_schema"):
+        raise not_supported("response_format", "a response_format type other than 'text', 'json_object' "
+                                               "and 'json_schema'")
+    spec = fmt.get("json_schema")
+    if spec is None and kind == "json_schema":
+        raise bad_request("'response_format.json_schema' is required with type json_schema", param="response_format")
+    schema = None if spec is None else _json_schema_spec(spec)  # checked whatever the type: never ignored
     if kind == "text":
         return None
     if kind == "json_object":
         return {"json_object": True}
-    if kind != "json_schema":
-        raise not_supported("response_format", "a response_format type other than 'text', 'json_object' "
-                                               "and 'json_schema'")
-    spec = fmt.get("json_schema")
+    return {"json": schema}
+
+
+def _json_schema_spec(spec: Any) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise bad_request("'response_format.json_schema' must be an object", param="response_format")
     name = spec.get("name")
@@ -84,19 +90,17 @@ def _response_format(fmt: Any) -> dict[str, Any] | None:
     if not isinstance(schema, dict):
         raise bad_request("'response_format.json_schema.schema' must be a JSON schema object",
                           param="response_format")
-    return {"json": schema}
+    return schema
 
 
 def _structured_outputs(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request(f"'{FIELD}' must be an object", param=FIELD)
-    for name in _STRUCTURED_OPTIONS:
-        if _set(value.get(name)):
-            raise not_supported(FIELD, f"'{FIELD}.{name}'")
-    chosen = {k: v for k, v in value.items() if k in KINDS and _set(v)}
-    unknown = sorted(k for k in value if k not in KINDS and k not in _STRUCTURED_OPTIONS)
-    if unknown:
+    # vLLM's options beside the constraint (disable_any_whitespace, whitespace_pattern, backend...)
+    # change how it is enforced: refused with the rest, not ignored.
+    if any(k not in KINDS for k in value):
         raise bad_request(f"'{FIELD}' has a field other than {', '.join(KINDS)}", param=FIELD)
+    chosen = {k: v for k, v in value.items() if _set(v) and not (k == "json_object" and v is False)}
     if len(chosen) != 1:
         raise bad_request(f"'{FIELD}' must set exactly one of {', '.join(KINDS)}", param=FIELD)
     return chosen
@@ -107,10 +111,10 @@ def _check_shape(c: Constraint) -> None:
     (kind, value), = c.value.items()
     if kind == "choice" and not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
         raise bad_request(f"'{c.param}' choices must be a non-empty list of non-empty strings", param=c.param)
-    if kind in ("regex", "grammar") and not isinstance(value, str):
-        raise bad_request(f"'{c.param}' must be a string", param=c.param)
-    if kind in ("json", "structural_tag") and not isinstance(value, (dict, str)):
-        raise bad_request(f"'{c.param}' must be a JSON object", param=c.param)
+    if kind in ("regex", "grammar") and not (isinstance(value, str) and value):
+        raise bad_request(f"'{c.param}' must be a non-empty string", param=c.param)
+    if kind in ("json", "structural_tag") and not (isinstance(value, dict) or (isinstance(value, str) and value)):
+        raise bad_request(f"'{c.param}' must be a JSON object (or its JSON text)", param=c.param)
     if kind == "json_object" and value is not True:
         raise bad_request(f"'{c.param}' json_object must be true", param=c.param)
     size = len(value) if isinstance(value, str) else len(json.dumps(value, ensure_ascii=False))

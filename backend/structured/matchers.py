@@ -4,9 +4,9 @@ Per step, for the rows that sample:  fill the bitmask of the constrained rows on
 sampler a function that applies it (before penalties, temperature, top-k/top-p), then advance
 each matcher by the token its row accepted. A step with no constrained row does none of this.
 
-Preemption by recompute keeps a sequence's output tokens (the scheduler recomputes their KV),
-so a matcher stays where it is; `rollback` exists for a caller that drops tokens after they
-were accepted, and every finish path (stop, length, abort, error) calls `free`.
+Preemption by recompute keeps a sequence's output tokens (the scheduler recomputes their KV
+from prompt + output), so its matcher, which has accepted exactly those tokens, stays where it
+is: there is nothing to roll back. Every finish path (stop, length, abort, error) calls `free`.
 """
 from __future__ import annotations
 
@@ -57,8 +57,3 @@ class GrammarMatchers:
         """The grammar is complete and its end was accepted: only a stop may follow."""
         matcher = self._matchers.get(seq_id)
         return matcher is not None and bool(matcher.is_terminated())
-
-    def rollback(self, seq_id: str, num_tokens: int) -> None:
-        matcher = self._matchers.get(seq_id)
-        if matcher is not None and num_tokens > 0:
-            matcher.rollback(num_tokens)

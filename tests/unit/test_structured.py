@@ -185,3 +185,16 @@ def test_async_engine_compiles_off_its_thread_and_bounds_the_time(llama_dir, mon
     finally:
         release.set()
         eng.shutdown()
+
+
+def test_an_engine_without_constrained_requests_never_loads_xgrammar(llama_dir):
+    import subprocess
+    import sys
+    code = ("import sys; from kvserve.backend import LLM, SamplingParams; "
+            f"llm = LLM(model={llama_dir!r}, max_num_seqs=2, max_model_len=128); "
+            "llm.generate('Hi', SamplingParams(max_tokens=3)); "
+            "assert llm.engine.matchers.mask_for(['x']) is None; "
+            "print('xgrammar' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

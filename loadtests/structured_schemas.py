@@ -1,5 +1,5 @@
-"""The JSON schemas of the structured-output tests and benchmark: nested objects, arrays with
-minItems/maxItems, enums, patterns, bounded numbers, required fields, additionalProperties false.
+"""The JSON schema set of the structured-output tests and benchmark (loadtests/structured_bench.py):
+nested objects, arrays with minItems/maxItems, enums, patterns, bounded numbers, required fields, additionalProperties false.
 Strings and arrays are bounded so a small model finishes them within a short max_tokens."""
 from __future__ import annotations
 
