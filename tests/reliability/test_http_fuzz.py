@@ -23,18 +23,22 @@ ROUTES = {
                         "top_k", "min_p", "seed", "stop", "stop_token_ids", "logit_bias", "logprobs", "echo",
                         "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty",
                         "min_tokens", "ignore_eos", "timeout", "cache_salt", "user", "skip_special_tokens",
-                        "include_stop_str_in_output", "guided_json", "prompt_logprobs"),
+                        "include_stop_str_in_output", "guided_json", "guided_regex", "guided_choice",
+                        "guided_grammar", "structured_outputs", "response_format", "prompt_logprobs"),
     "/v1/chat/completions": ("model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "tools",
                              "tool_choice", "response_format", "logprobs", "top_logprobs", "temperature", "seed",
                              "stop", "add_generation_prompt", "chat_template_kwargs", "echo", "user", "timeout",
-                             "continue_final_message", "logit_bias", "stream_options"),
+                             "continue_final_message", "logit_bias", "stream_options", "structured_outputs",
+                             "guided_json", "guided_regex"),
     "/tokenize": ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"),
     "/detokenize": ("model", "tokens"),
 }
 MAX_ERROR_BODY = 4096
 MIN_ECHO = 8  # shorter strings may occur in any message by chance ("model", "prompt")
 ROLES = ["user", "system", "assistant", "tool", "developer", "x"]
-VOCABULARY = {name for names in ROUTES.values() for name in names} | set(ROLES)  # what messages may name
+# What messages may name: fields, roles, constraint kinds and schema keywords.
+VOCABULARY = {name for names in ROUTES.values() for name in names} | set(ROLES) | {
+    "json_schema", "json_object", "structural_tag", "properties", "required", "minimum"}
 
 huge_ints = st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, 10**30, 2**1000])
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)  # surrogates and NUL included
@@ -42,6 +46,24 @@ scalars = st.none() | st.booleans() | st.integers(-3, 300) | huge_ints | st.floa
                                                                                   allow_infinity=False) | texts
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(texts, inner, max_size=4),
                       max_leaves=12)
+# Decoding constraints: shapes the gateway accepts, holding schemas, regexes and grammars that
+# may not compile (the engine compiles them; a failure must still be a 400).
+schemas = values | st.fixed_dictionaries({"type": st.sampled_from(["object", "string", "array", "integer", "x"])},
+                                         optional={"properties": st.dictionaries(texts, values, max_size=3),
+                                                   "pattern": texts, "items": values, "enum": values,
+                                                   "required": values, "$ref": texts, "minimum": values})
+constraints = st.one_of(
+    st.fixed_dictionaries({"response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["json_schema", "json_object", "text", "x"])},
+        optional={"json_schema": st.fixed_dictionaries({"name": texts}, optional={"schema": schemas,
+                                                                                  "strict": values})})}),
+    st.fixed_dictionaries({"structured_outputs": st.dictionaries(
+        st.sampled_from(["json", "json_object", "regex", "choice", "grammar", "structural_tag", "x"]),
+        schemas | texts, min_size=1, max_size=2)}),
+    st.fixed_dictionaries({"guided_regex": texts}), st.fixed_dictionaries({"guided_grammar": texts}),
+    st.fixed_dictionaries({"guided_choice": st.lists(texts, max_size=4)}),
+    st.fixed_dictionaries({"guided_json": schemas}),
+)
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES),
                                            "content": texts | values}), max_size=3)
 
@@ -59,6 +81,8 @@ def bodies(draw: st.DrawFn, route: str) -> dict:
         body["tokens"] = draw(st.lists(st.integers(-2, 600) | huge_ints, max_size=8))
     for name in draw(st.lists(st.sampled_from(ROUTES[route]), max_size=4, unique=True)):
         body[name] = draw(values)
+    if route in ("/v1/completions", "/v1/chat/completions") and draw(st.integers(0, 3)) == 0:
+        body.update(draw(constraints))
     if "max_tokens" not in body:
         body["max_tokens"] = 4  # a request that is valid by chance stays short
     return body
