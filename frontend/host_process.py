@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 log = logging.getLogger("kvserve.frontend.host")
 
@@ -45,13 +46,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def host_command(model_repository: str, grpc_port: int, metrics_port: int) -> list[str]:
+def host_command(model_repository: str, grpc_port: int, metrics_port: int,
+                 load_models: Sequence[str] = ("llm",)) -> list[str]:
+    """Only the models named are loaded (tritonserver's explicit model control): the
+    repository holds the embed model too, which serves only when asked for."""
     return [
         sys.executable, "-m", "kvserve.backend.host",
         "--model-repository", model_repository,
         "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port),
         "--parent-pid", str(os.getpid()),
+        "--model-control-mode", "explicit",
+        *(arg for name in load_models for arg in ("--load-model", name)),
     ]
 
 

@@ -60,6 +60,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Embedding passes: a lone request's one input up to max_num_seqs / max_num_batched_tokens.
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+BATCH_TOKEN_BUCKETS = (16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0)
 # Gateway requests: sub-ms errors up to multi-minute streams.
 HTTP_DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                          10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -93,6 +96,12 @@ REQUEST_QUEUE_TIME = MetricSpec("kvserve:request_queue_time_seconds", H,
                                 "Time spent waiting before first scheduled, in seconds.",
                                 buckets=REQUEST_LATENCY_BUCKETS)
 
+# --- the embed model (beside the catalogue; backend/embed_telemetry.py) ---
+EMBEDDING_BATCH_SIZE = MetricSpec("kvserve:embedding_batch_size", H,
+                                  "Inputs packed into one embedding forward pass.", buckets=BATCH_SIZE_BUCKETS)
+EMBEDDING_BATCH_TOKENS = MetricSpec("kvserve:embedding_batch_tokens", H,
+                                    "Tokens in one embedding forward pass.", buckets=BATCH_TOKEN_BUCKETS)
+
 # --- gateway (HTTP) ---
 HTTP_REQUESTS = MetricSpec("kvserve:http_requests_total", C, "HTTP requests handled, by route and status.",
                            labels=("route", "status"))
@@ -123,6 +132,11 @@ BACKEND_METRICS: tuple[MetricSpec, ...] = (
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS
+# Declared by the embed model: what an embedding request moves (no KV cache, no decoding).
+EMBED_METRICS: tuple[MetricSpec, ...] = (
+    PROMPT_TOKENS, REQUEST_SUCCESS, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, EMBEDDING_BATCH_SIZE,
+    EMBEDDING_BATCH_TOKENS,
+)
 # Declared by the router beside the catalogue: DESIGN.md's catalogue is the one-backend set.
 ROUTER_METRICS: tuple[MetricSpec, ...] = (ROUTER_REQUESTS, ROUTER_OUTSTANDING, ROUTER_REPLICA_READY)
 SPECS_BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}

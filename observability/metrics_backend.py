@@ -112,6 +112,11 @@ class BackendMetrics:
         """Time between two consecutive output tokens of one request."""
         self._observe(m.INTER_TOKEN_LATENCY, seconds)
 
+    def on_embedding_batch(self, num_inputs: int, num_tokens: int) -> None:
+        """One embedding forward pass: how many inputs and tokens it packed."""
+        self._observe(m.EMBEDDING_BATCH_SIZE, num_inputs)
+        self._observe(m.EMBEDDING_BATCH_TOKENS, num_tokens)
+
     def on_preemptions(self, n: int) -> None:
         self._inc(m.NUM_PREEMPTIONS, n)
 

@@ -11,7 +11,7 @@ vLLM works on kvserve unchanged. All latencies are in seconds (float).
 from __future__ import annotations
 
 # --- standard gen_ai.* (https://opentelemetry.io/docs/specs/semconv/gen-ai/) ---
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat" | "text_completion"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat" | "text_completion" | "embeddings"
 GEN_AI_SYSTEM = "gen_ai.system"  # always GEN_AI_SYSTEM_VALUE for kvserve
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"  # successor of gen_ai.system
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
@@ -39,9 +39,12 @@ GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference
 # --- kvserve-specific ---
 KVSERVE_NUM_PREEMPTIONS = "kvserve.num_preemptions"
 KVSERVE_CACHED_TOKENS = "kvserve.prefix_cache.hit_tokens"
+KVSERVE_EMBEDDING_INPUTS = "kvserve.embedding.inputs"  # inputs (texts) in one embeddings request
+KVSERVE_EMBEDDING_PASSES = "kvserve.embedding.passes"  # forward passes its inputs ran in
 
 GEN_AI_SYSTEM_VALUE = "kvserve"
 OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"
+OPERATION_EMBEDDINGS = "embeddings"
 
 __all__ = [name for name in dir() if name.isupper()]

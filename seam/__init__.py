@@ -6,6 +6,7 @@ from here; tests/contract/ checks that they agree. A leaf: only the standard
 library, so the gateway can import it without pulling in the engine (torch).
 
 - `tensors`: input/output tensor names and the request parameters;
+- `embed_tensors`: the same for the embed model (model_repository/embed);
 - `error_wire`: `ErrorKind` and the one parseable error-message format;
 - `limits`: the request limits both sides enforce.
 """

@@ -89,11 +89,13 @@ async def start_host(
     metrics_port: int | None = 0,
     host: str = "127.0.0.1",
     strict_readiness: bool = True,
+    load_models: frozenset[str] | None = None,
 ) -> HostHandle:
-    """Port 0 picks a free port (read it back from the handle); metrics_port=None disables HTTP."""
+    """Port 0 picks a free port (read it back from the handle); metrics_port=None disables HTTP.
+    load_models: only these models (tritonserver's --model-control-mode=explicit --load-model); None: all."""
     metrics = HostMetrics()
     repo = ModelRepository(repository, metrics)
-    repo.scan()
+    repo.scan(load_models)
     await asyncio.to_thread(repo.load_all)
     set_model_ready_hook(repo.model_ready)
 

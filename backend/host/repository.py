@@ -55,10 +55,14 @@ class ModelRepository:
         self.metrics = metrics
         self.entries: dict[str, ModelEntry] = {}
 
-    def scan(self) -> None:
+    def scan(self, only: frozenset[str] | None = None) -> None:
+        """Find the models; with `only` (explicit model control) just those, and a name
+        that is not in the repository is a failed model, as tritonserver reports it."""
+        found = set()
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            if not (model_dir / CONFIG_FILE).is_file():
+            if not (model_dir / CONFIG_FILE).is_file() or (only is not None and model_dir.name not in only):
                 continue
+            found.add(model_dir.name)
             entry = ModelEntry(model_dir.name, model_dir)
             self.entries[entry.name] = entry
             try:
@@ -74,6 +78,9 @@ class ModelRepository:
             except ConfigError as exc:
                 entry.error = str(exc)
                 _LOG.error("failed to load '%s': %s", entry.name, exc)
+        for name in sorted((only or set()) - found):
+            self.entries[name] = ModelEntry(name, self.root / name, error="failed to poll from model repository")
+            _LOG.error("failed to load '%s': not found in the model repository", name)
 
     def load_all(self) -> None:
         runtimes = [rt for e in self.entries.values() for rt in e.versions.values()]

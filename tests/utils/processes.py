@@ -46,13 +46,17 @@ def _pump(stream, sink: list[str]) -> None:
 
 
 @contextmanager
-def run_host(engine_env: dict[str, str], repository: Path = MODEL_REPOSITORY, timeout: float = 120.0):
-    """`python -m kvserve.backend.host` on free ports with KVSERVE_* engine variables."""
+def run_host(engine_env: dict[str, str], repository: Path = MODEL_REPOSITORY, timeout: float = 120.0,
+             models: tuple[str, ...] | None = ("llm",)):
+    """`python -m kvserve.backend.host` on free ports with KVSERVE_* engine variables,
+    loading only `models` of the repository (None: all of them)."""
     env = dict(os.environ, **engine_env)
     env.setdefault("OTEL_TRACES_EXPORTER", "none")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvserve.backend.host", "--model-repository", str(repository),
-         "--grpc-port", "0", "--metrics-port", "0"],
+         "--grpc-port", "0", "--metrics-port", "0",
+         *(["--model-control-mode", "explicit", *(a for m in models for a in ("--load-model", m))]
+           if models is not None else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT)
     output: list[str] = []
     deadline = time.monotonic() + timeout

@@ -1,0 +1,205 @@
+"""Batching for the embed model: many requests' inputs in one packed forward pass.
+
+Why here and not Triton's `dynamic_batching`: the unit worth batching is an
+*input* (one text), not a request (which may carry 1 or 2,048 of them), and the
+bound that matters is tokens per pass, like the LLM engine's
+max_num_batched_tokens. Triton's batcher counts requests, pads each to the
+largest batch dimension and knows nothing of token counts; and doing it in the
+model behaves the same in tritonserver and in the embedded host.
+
+The policy is the LLM engine's, without a delay: one thread runs passes back
+to back; each pass takes the waiting inputs in arrival order (a request's
+inputs may spread over several passes) up to `max_num_batched_tokens` tokens
+and `max_num_seqs` inputs. Whatever arrives during a pass joins the next one,
+so under load passes fill by themselves and an idle model answers at once
+instead of waiting for a queue delay to expire.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from kvserve.backend.embedder import Embedder
+from kvserve.seam.error_wire import ErrorKind
+from kvserve.observability.thread_names import name_this_thread
+
+log = logging.getLogger("kvserve.backend.embed")
+
+
+class BatcherOverloaded(Exception):
+    pass
+
+
+class BatcherClosed(Exception):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class EmbedResult:
+    request_id: str
+    embeddings: np.ndarray | None  # [n, dim] float32; None on error
+    prompt_tokens: list[int]       # per input
+    arrival: float                 # time.time() instants
+    scheduled: float | None
+    finished: float
+    num_passes: int
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+
+
+@dataclass(slots=True, eq=False)
+class EmbedJob:
+    request_id: str
+    inputs: list[list[int]]
+    dimensions: int | None
+    normalize: bool | None
+    on_done: Callable[[EmbedResult], None]
+    traceparent: str | None = None
+    arrival: float = field(default_factory=time.time)
+    scheduled: float | None = None
+    next_input: int = 0  # inputs before it have been handed to a pass
+    done: int = 0
+    passes: int = 0
+    vectors: list[torch.Tensor | None] = field(default_factory=list)
+    aborted: bool = False
+    completed: bool = False
+
+
+class BatchListener(Protocol):
+    def on_batch(self, num_inputs: int, num_tokens: int, seconds: float) -> None: ...
+
+    def on_finished(self, job: EmbedJob, result: EmbedResult) -> None: ...
+
+
+class EmbeddingBatcher:
+    def __init__(self, embedder: Embedder, listener: BatchListener | None = None,
+                 max_waiting_inputs: int = 1 << 16) -> None:
+        self.embedder = embedder
+        self._listener = listener
+        self._max_waiting = max_waiting_inputs
+        self._jobs: deque[EmbedJob] = deque()
+        self._waiting_inputs = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="kvserve-embed", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: EmbedJob) -> None:
+        job.vectors = [None] * len(job.inputs)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the embedding model is shutting down")
+            if self._waiting_inputs + len(job.inputs) > self._max_waiting:
+                raise BatcherOverloaded("the waiting queue is full")
+            self._jobs.append(job)
+            self._waiting_inputs += len(job.inputs)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        """The job leaves before its next pass; nothing is sent for it."""
+        with self._cond:
+            for job in self._jobs:
+                if job.request_id == request_id:
+                    job.aborted = True
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ---- the batcher thread ----------------------------------------------------------------
+    def _take(self) -> list[tuple[EmbedJob, int]]:
+        """(job, input index) pairs for the next pass, in arrival order (caller holds the lock)."""
+        cfg = self.embedder.config
+        chosen: list[tuple[EmbedJob, int]] = []
+        tokens = 0
+        if any(job.aborted for job in self._jobs):
+            for job in self._jobs:
+                if job.aborted:
+                    self._waiting_inputs -= len(job.inputs) - job.next_input
+            self._jobs = deque(job for job in self._jobs if not job.aborted)
+        for job in self._jobs:
+            while job.next_input < len(job.inputs) and len(chosen) < cfg.max_num_seqs:
+                n = len(job.inputs[job.next_input])
+                if chosen and tokens + n > cfg.max_num_batched_tokens:
+                    return chosen
+                chosen.append((job, job.next_input))
+                tokens += n
+                job.next_input += 1
+                self._waiting_inputs -= 1
+            if len(chosen) >= cfg.max_num_seqs:
+                break
+        return chosen
+
+    def _loop(self) -> None:
+        name_this_thread()
+        while True:
+            with self._cond:
+                while not self._closed and not any(j.next_input < len(j.inputs) and not j.aborted for j in self._jobs):
+                    self._cond.wait()
+                if self._closed:
+                    pending, self._jobs = list(self._jobs), deque()
+                    break
+                chosen = self._take()
+                # Jobs whose every input is now in a pass leave the queue; they finish below.
+                while self._jobs and self._jobs[0].next_input == len(self._jobs[0].inputs):
+                    self._jobs.popleft()
+            self._run(chosen)
+        for job in pending:
+            self._complete(job, "the embedding model is shutting down", ErrorKind.SHUTDOWN)
+
+    def _run(self, chosen: list[tuple[EmbedJob, int]]) -> None:
+        started = time.time()
+        inputs = [job.inputs[i] for job, i in chosen]
+        jobs = list(dict.fromkeys(job for job, _ in chosen))
+        for job in jobs:
+            job.passes += 1
+            if job.scheduled is None:
+                job.scheduled = started
+        try:
+            vectors = self.embedder.embed(inputs)
+        except Exception as exc:
+            log.error("embedding pass of %d inputs failed (%s)", len(inputs), type(exc).__name__)
+            log.debug("embedding pass failure", exc_info=True)
+            for job in jobs:
+                self._complete(job, "internal error in the embedding model", ErrorKind.INTERNAL)
+            return
+        if self._listener is not None:
+            self._listener.on_batch(len(inputs), sum(len(x) for x in inputs), time.time() - started)
+        for row, (job, i) in enumerate(chosen):
+            job.vectors[i] = vectors[row]
+            job.done += 1
+        for job in jobs:
+            if job.done == len(job.inputs) and not job.aborted:
+                self._complete(job)
+
+    def _complete(self, job: EmbedJob, error: str | None = None, kind: ErrorKind | None = None) -> None:
+        if job.completed:
+            return
+        job.completed = True
+        embeddings = None
+        if error is None:
+            try:
+                stacked = torch.stack(job.vectors)  # type: ignore[arg-type]
+                embeddings = self.embedder.finish(stacked, job.dimensions, job.normalize).numpy()
+            except Exception as exc:
+                log.error("finishing embeddings failed (%s)", type(exc).__name__)
+                error, kind = "internal error in the embedding model", ErrorKind.INTERNAL
+        result = EmbedResult(job.request_id, embeddings, [len(x) for x in job.inputs], job.arrival, job.scheduled,
+                             time.time(), job.passes, error, kind)
+        job.vectors = []
+        for callback in (job.on_done, (lambda r: self._listener.on_finished(job, r)) if self._listener else None):
+            if callback is None:
+                continue
+            try:
+                callback(result)
+            except Exception:
+                log.exception("an embedding callback failed")
