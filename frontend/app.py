@@ -4,6 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from kvserve.frontend import handlers_misc as misc
+from kvserve.frontend.handlers_embeddings import create_embeddings
 from kvserve.frontend.handlers_openai import create_chat_completion, create_completion
 from kvserve.frontend.cors import add_cors_headers, preflight
 from kvserve.frontend.http_server import GatewayRunner
@@ -24,6 +25,7 @@ def build_app(gateway: Gateway) -> web.Application:
     app.on_response_prepare.append(add_cors_headers)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_get("/v1/models", misc.list_models, allow_head=False)
     app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)
     app.router.add_get("/health", misc.health, allow_head=False)
@@ -35,6 +37,8 @@ def build_app(gateway: Gateway) -> web.Application:
 
     async def close_backend(_: web.Application) -> None:
         await gateway.backend.close()
+        if gateway.embedder is not None:
+            await gateway.embedder.close()
 
     app.on_cleanup.append(close_backend)
     return app

@@ -28,16 +28,18 @@ def _replicas(gateway: Gateway) -> dict[str, int] | None:
 
 
 def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
+    cfg = gateway.config
+    embedding = name in cfg.embedding_model_names and name not in cfg.served_model_names
     card = {
         "id": name,
         "object": "model",
         "created": gateway.created,
         "owned_by": "kvserve",
-        "root": gateway.config.model_root or name,
+        "root": (cfg.embedding_model_root if embedding else cfg.model_root) or name,
         "parent": None,
-        "max_model_len": gateway.config.max_model_len,
+        "max_model_len": cfg.embedding_max_model_len if embedding else cfg.max_model_len,
     }
-    replicas = _replicas(gateway)
+    replicas = None if embedding else _replicas(gateway)
     if replicas is not None:
         card["replicas"] = replicas
     return card
@@ -45,12 +47,15 @@ def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
 
 async def list_models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in gateway.config.served_model_names]})
+    names = [*gateway.config.served_model_names, *gateway.config.embedding_model_names]
+    return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in names]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    name = gateway.resolve_model(request.match_info["model"])
+    name = request.match_info["model"]
+    if name not in gateway.config.embedding_model_names:
+        name = gateway.resolve_model(name)
     return web.json_response(_model_card(gateway, name))
 
 
@@ -61,6 +66,8 @@ async def health(request: web.Request) -> web.Response:
     # Always a fresh probe: load balancers act on this answer.
     if not await gateway.backend.ready():
         raise backend_unavailable()
+    if gateway.embedder is not None and not await gateway.embedder.ready():
+        raise backend_unavailable("the embedding model is not ready")
     replicas = _replicas(gateway)  # several: 200 while at least one is ready
     return web.json_response({"status": "ok"} if replicas is None else {"status": "ok", "replicas": replicas})
 

@@ -12,6 +12,7 @@ from kvserve.frontend.tools import MAX_TOOLS
 from kvserve.seam.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
 )
+from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 
 # Reachable without a key; every other route (this document included) needs one when keys are set.
 PUBLIC_PATHS = ("/health", "/metrics", "/version")
@@ -118,6 +119,8 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
     if vocab_size is not None:
         token_id["maximum"] = vocab_size - 1
     ids = {"type": "array", "minItems": 1, "items": token_id}
+    # The embedding model's vocabulary is its own (the gateway does not know its size).
+    embed_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
     tool_call = {"type": "object", "required": ["function"], "properties": {
@@ -174,6 +177,31 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
                                                               "tool_calls": {"type": "array", "items": tool_call}}},
                 "logprobs": {"type": "object", "nullable": True}}}},
         }},
+        "EmbeddingRequest": {"type": "object", "required": ["input"], "properties": {
+            "model": {"type": "string", "maxLength": 512, "nullable": True},
+            "input": {"oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": {"type": "string", "minLength": 1}},
+                embed_ids,
+                {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS, "items": embed_ids},
+            ], "description": "texts or token ids of the embedding model; each at most its max_model_len tokens"},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"], "nullable": True,
+                                "description": "base64: the little-endian float32 bytes of each vector"},
+            "dimensions": {**_num(1, integer=True), "description": "Matryoshka models only; refused otherwise"},
+            "user": {"type": "string", "maxLength": 256, "nullable": True},
+            "truncate_prompt_tokens": {**_num(-1, integer=True),
+                                       "description": "vLLM extension: keep the first N tokens (-1: the model's limit); 0 is refused"},
+            "normalize": {**_bool(), "description": "vLLM extension: L2-normalise (default: as the model's files say)"},
+        }},
+        "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+            "id": {"type": "string"}, "object": {"type": "string", "enum": ["list"]}, "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+                "object": {"type": "string", "enum": ["embedding"]}, "index": {"type": "integer"},
+                "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}},
+            "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
+                "prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}},
+        }},
         "Model": {"type": "object", "required": ["id", "object"], "properties": {
             "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
             "owned_by": {"type": "string"}, "root": {"type": "string"}, "max_model_len": {"type": "integer", "nullable": True}}},
@@ -201,7 +229,8 @@ def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
 
 
-def _post(summary: str, request: str, response: str, *, stream: bool, protected: bool) -> dict[str, Any]:
+def _post(summary: str, request: str, response: str, *, stream: bool, protected: bool,
+          backend: bool = False) -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
         # OpenAPI 3.0: the schema describes one event; `data` is a JSON chunk, an error object or [DONE].
@@ -210,9 +239,10 @@ def _post(summary: str, request: str, response: str, *, stream: bool, protected:
     responses = {"200": {"description": "OK", "content": ok}, "400": _error("invalid request"),
                  "404": _error("unknown model"), "413": _error("body too large"),
                  "415": _error("body is not JSON"), "408": _error("the body did not arrive within --body-timeout")}
-    if stream:
+    if stream or backend:
         responses["503"] = _error("backend not ready, overloaded or shutting down")
         responses["500"] = _error("engine failure")
+    if stream:
         responses["408"] = _error("the body did not arrive in time, or the request's own timeout passed")
     if protected:
         responses["401"] = _error("missing or wrong API key")
@@ -233,6 +263,8 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
     paths = {
         "/v1/completions": _post("Create a text completion", "CompletionRequest", "Completion", stream=True, protected=secured),
         "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest", "ChatCompletion", stream=True, protected=secured),
+        "/v1/embeddings": _post("Create embeddings (needs an embedding model: --embedding-model)", "EmbeddingRequest",
+                                "EmbeddingList", stream=False, protected=secured, backend=True),
         "/tokenize": _post("Tokenize a prompt or a conversation", "TokenizeRequest", "TokenizeResponse", stream=False, protected=secured),
         "/detokenize": _post("Turn token ids back into text", "DetokenizeRequest", "DetokenizeResponse", stream=False, protected=secured),
         "/v1/models": get("List served models", _ref("ModelList"), protected=True),

@@ -120,3 +120,35 @@ class BackendClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class EmbedRequest:
+    """One /v1/embeddings call: every input in one backend request (the model batches them)."""
+
+    request_id: str
+    inputs: list[str] | list[list[int]]  # texts go to `text_input`, token ids to `input_ids` + `input_lengths`
+    pooling: dict[str, Any]  # truncate_prompt_tokens / normalize / dimensions, only those the client set
+    traceparent: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class EmbedResult:
+    vectors: list[bytes]  # one little-endian float32 vector per input, as the backend sent them
+    prompt_tokens: list[int]
+
+
+@runtime_checkable
+class EmbeddingBackend(Protocol):
+    """The embedding model's backend. `embed()` is one request and one answer;
+    cancelling the awaiting task cancels the backend request."""
+
+    name: str
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """Raises BackendError subclasses, as generate() does."""
+        ...
+
+    async def ready(self) -> bool: ...
+
+    async def close(self) -> None: ...

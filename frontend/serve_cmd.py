@@ -28,12 +28,14 @@ from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
 from kvserve.frontend.replica_flags import (add_replica_flags, build_backend, is_remote, positive_number,
                                             validate_replica_flags)
+from kvserve.frontend.replica_sources import is_dns_url
 from kvserve.frontend.api_keys import load_api_keys
 from kvserve.frontend.drain import drain
 from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                     DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
 from kvserve.frontend.tokenizer import load_tokenizer
 from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
+from kvserve.frontend.embed_client import TritonEmbeddingClient
 from kvserve.frontend.triton_client import TritonBackendClient
 
 log = logging.getLogger("kvserve.frontend.serve")
@@ -69,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-metrics-url", action="append", default=[], metavar="URL",
                    help="metrics URL of each --triton-url, same order (default: http://HOST:<grpc port + 1>/metrics)")
     p.add_argument("--triton-model-name", default="llm", help="model name in the Triton repository")
+    p.add_argument("--embedding-model", metavar="DIR|NAME",
+                   help="also serve /v1/embeddings with this embedding model (a BERT-family Hugging Face folder, "
+                        "or a known name: all-MiniLM-L6-v2), beside the chat model; served under this name")
+    p.add_argument("--embedding-served-model-name", metavar="NAME",
+                   help="the name clients call the embedding model by (default: --embedding-model as given)")
+    p.add_argument("--triton-embedding-model-name", default="embed",
+                   help="the embedding model's name in the Triton repository")
     p.add_argument("--model-repository", help="Triton model repository for the embedded host")
     p.add_argument("--max-request-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY,
                    help="larger bodies get 413 (default 4MiB)")
@@ -101,6 +110,8 @@ class Plan:
     tokenizer_dir: Path | None
     served_names: list[str]
     remote: bool
+    embedding_model: str | None = None  # --embedding-model as given
+    embedding_name: str | None = None   # what clients call it
 
 
 def _looks_like_path(value: str) -> bool:
@@ -133,7 +144,20 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         ignored = [f.flag for f in ENGINE_FLAGS if f.field not in _GATEWAY_SIDE and getattr(args, f.field) is not None]
         if ignored:
             log.warning("engine flags %s are ignored with --triton-url (set them on the Triton side)", " ".join(ignored))
-    return Plan(model, local, tokenizer_dir, names, remote)
+    embedding = args.embedding_model
+    if embedding is not None:
+        if _looks_like_path(embedding) and not Path(embedding).expanduser().is_dir() and not remote:
+            raise UsageError(f"--embedding-model {embedding}: no such folder (a Hugging Face folder of a "
+                             "BERT-family model, or a known name such as all-MiniLM-L6-v2)")
+        embedding_name = args.embedding_served_model_name or embedding
+        if embedding_name in names:
+            raise UsageError("--embedding-model: the embedding model needs a name of its own "
+                             "(the chat model is served under the same one)")
+        if remote and (not args.triton_url or is_dns_url(args.triton_url[0])):
+            raise UsageError("--embedding-model with --triton-url needs a HOST:PORT first --triton-url "
+                             "(embeddings go to that server's embed model)")
+    return Plan(model, local, tokenizer_dir, names, remote, embedding,
+                args.embedding_served_model_name or embedding)
 
 
 def model_repository(args: argparse.Namespace) -> str:
@@ -142,15 +166,23 @@ def model_repository(args: argparse.Namespace) -> str:
     return str(Path(kvserve.frontend.__file__).resolve().parent.parent / "model_repository")
 
 
-def start_host(args: argparse.Namespace, model_path: Path, served_name: str) -> tuple[HostProcess, TritonBackendClient]:
+def start_host(args: argparse.Namespace, model_path: Path, served_name: str,
+               embedding: tuple[Path, str] | None = None,
+               ) -> tuple[HostProcess, TritonBackendClient, TritonEmbeddingClient | None]:
     # The engine names the model in its spans (gen_ai.request.model) as clients call it.
     env = {"KVSERVE_SERVED_MODEL_NAME": served_name, **os.environ, **engine_env(args),
            "KVSERVE_MODEL": str(model_path.resolve()), "PYTHONUNBUFFERED": "1"}
-    host = HostProcess(host_command(model_repository(args), free_port(), free_port()), env)
+    models = [args.triton_model_name]
+    if embedding is not None:
+        models.append(args.triton_embedding_model_name)
+        env.update(KVSERVE_EMBED_MODEL=str(embedding[0].resolve()), KVSERVE_EMBED_SERVED_MODEL_NAME=embedding[1])
+    host = HostProcess(host_command(model_repository(args), free_port(), free_port(), models), env)
     address = host.start(args.startup_timeout)
     client = TritonBackendClient(address.grpc, model_name=args.triton_model_name,
                                  metrics_url=f"http://{address.metrics}/metrics")
-    return host, client
+    embedder = (TritonEmbeddingClient(address.grpc, model_name=args.triton_embedding_model_name)
+                if embedding is not None else None)
+    return host, client, embedder
 
 
 def _version() -> str:
@@ -221,8 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         model_path = resolve_model(plan.model) if plan.local else None
         # The folder of Hugging Face files the gateway reads (a GGUF's are exported from it once).
         model_dir = gateway_model_dir(model_path) if model_path is not None else None
+        embedding_path = None
+        if plan.embedding_model is not None and (not plan.remote or Path(plan.embedding_model).expanduser().is_dir()):
+            embedding_path = resolve_model(plan.embedding_model)  # a folder, or a known name fetched here
+        embedder: TritonEmbeddingClient | None = None
         if not plan.remote:
-            child, backend = start_host(args, model_path, plan.served_names[0])
+            embedding = (embedding_path, plan.embedding_name) if embedding_path is not None else None
+            child, backend, embedder = start_host(args, model_path, plan.served_names[0], embedding)
+        elif plan.embedding_model is not None:
+            embedder = TritonEmbeddingClient(args.triton_url[0], model_name=args.triton_embedding_model_name)
         tokenizer_dir = plan.tokenizer_dir or model_dir
         tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
         if plan.remote:
@@ -247,9 +286,13 @@ def main(argv: list[str] | None = None) -> int:
             version=_version(),
             shutdown_timeout=args.shutdown_timeout,
             tools=ToolSettings(auto=args.enable_auto_tool_choice, parser=args.tool_call_parser),
+            embedding_model_names=[plan.embedding_name] if plan.embedding_name else [],
+            embedding_model_root=str(embedding_path) if embedding_path else None,
+            embedding_max_model_len=derive_max_model_len(embedding_path, None),
         )
         signal.signal(signal.SIGTERM, previous)  # from here the event loop handles it
-        return asyncio.run(run_gateway(Gateway(config, backend, tokenizer), args.host, args.port, child))
+        gateway = Gateway(config, backend, tokenizer, embedder=embedder)
+        return asyncio.run(run_gateway(gateway, args.host, args.port, child))
     except (HostStartError, RuntimeError, OSError) as exc:
         print(f"kvserve serve: error: {exc}", file=sys.stderr)
         return 1

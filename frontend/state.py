@@ -16,7 +16,7 @@ from kvserve.frontend.tools import ToolSettings
 from kvserve.frontend.cors_policy import CorsPolicy
 from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.frontend.host_policy import HostPolicy
-from kvserve.frontend.protocol import BackendClient
+from kvserve.frontend.protocol import BackendClient, EmbeddingBackend
 from kvserve.frontend.tokenizer import GatewayTokenizer
 from kvserve.observability.metrics_gateway import GatewayMetrics
 
@@ -54,6 +54,9 @@ class GatewayConfig:
     cors: CorsPolicy = field(default_factory=CorsPolicy)  # off unless origins are given
     hosts: HostPolicy = field(default_factory=HostPolicy)  # Host header names answered (DNS rebinding)
     tools: ToolSettings = field(default_factory=ToolSettings)  # --enable-auto-tool-choice, --tool-call-parser
+    embedding_model_names: list[str] = field(default_factory=list)  # served by Gateway.embedder
+    embedding_model_root: str | None = None
+    embedding_max_model_len: int | None = None
 
     def key_table(self) -> dict[str, str]:
         """Every accepted API key -> its tenant (empty: no authentication)."""
@@ -112,10 +115,14 @@ class Gateway:
     key_digests: list = field(default_factory=list, init=False)  # [(sha256(key), tenant)] for middleware.auth
     facts_asked: bool = False  # learn_model_facts ran (or had nothing to learn)
     _facts_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    embedder: EmbeddingBackend | None = None  # the embedding model's backend (--embedding-model)
+    embed_readiness: ReadinessCache | None = None
 
     def __post_init__(self) -> None:
         if self.readiness is None:
             self.readiness = ReadinessCache(self.backend)
+        if self.embedder is not None and self.embed_readiness is None:
+            self.embed_readiness = ReadinessCache(self.embedder)
         self.key_digests = [(hashlib.sha256(k.encode("utf-8")).digest(), t) for k, t in self.config.key_table().items()]
 
     @property
@@ -131,6 +138,9 @@ class Gateway:
         if name is None:
             return self.default_model
         if name not in self.config.served_model_names:
+            if name in self.config.embedding_model_names:
+                raise ApiError(400, "the requested model is an embedding model: it serves only /v1/embeddings",
+                               param="model", code="model_not_supported")
             raise model_not_found()
         return name
 
@@ -151,6 +161,12 @@ class Gateway:
             return self.config.chat_template
         tok = self.tokenizer
         return tok.chat_template if tok is not None and tok.chat_template else FALLBACK_TEMPLATE
+
+    async def ensure_embedder_ready(self) -> None:
+        if self.draining:
+            raise shutting_down()
+        if self.embed_readiness is None or not await self.embed_readiness.ready():
+            raise backend_unavailable("the embedding model is not ready")
 
     async def ensure_ready(self) -> None:
         assert self.readiness is not None

@@ -186,3 +186,20 @@ def annotate_response(span: ServerSpan | None, usage: dict[str, Any], finish_rea
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def annotate_embeddings(span: ServerSpan | None, *, response_id: str, model: str, num_inputs: int,
+                        input_tokens: int | None = None) -> None:
+    """An embeddings call: gen_ai.operation.name "embeddings", its inputs and (once known) their tokens."""
+    if span is None:
+        return
+    span.annotate({
+        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EMBEDDINGS,
+        sc.GEN_AI_SYSTEM: sc.GEN_AI_SYSTEM_VALUE,
+        sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_SYSTEM_VALUE,
+        sc.GEN_AI_REQUEST_MODEL: model,
+        sc.GEN_AI_RESPONSE_MODEL: model,
+        sc.GEN_AI_RESPONSE_ID: response_id,
+        sc.KVSERVE_EMBEDDING_INPUTS: num_inputs,
+        sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+    })
