@@ -47,9 +47,12 @@ def _pump(stream, sink: list[str]) -> None:
 
 @contextmanager
 def run_host(engine_env: dict[str, str], repository: Path = MODEL_REPOSITORY, timeout: float = 120.0,
-             models: tuple[str, ...] | None = ("llm",)):
+             models: tuple[str, ...] | None = None):
     """`python -m kvserve.backend.host` on free ports with KVSERVE_* engine variables,
-    loading only `models` of the repository (None: all of them)."""
+    loading only `models` of the repository; by default every model of a test repository,
+    and only `llm` of kvserve's own (its `embed` model serves when asked for)."""
+    if models is None and repository == MODEL_REPOSITORY:
+        models = ("llm",)
     env = dict(os.environ, **engine_env)
     env.setdefault("OTEL_TRACES_EXPORTER", "none")
     proc = subprocess.Popen(
