@@ -65,8 +65,7 @@ class LLMEngine:
         self.vocab_size = self.runner.arch.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.matchers = GrammarMatchers(self.vocab_size)
@@ -180,23 +179,29 @@ class LLMEngine:
             for rid in sched.new_request_ids:
                 log.info("request %s scheduled", rid)
         if sched.is_empty:
+            self.runner.update_block_tables(sched)  # it still forgets the finished ones
             return outputs
         logits, sample_ids = self.runner.execute(sched)
-        self.scheduler.update_after_step(sched)
-        if not sample_ids:
-            return outputs
         seqs = [self.sequences[rid] for rid in sample_ids]
-        rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
-                            s.generator, s.request.eos_token_ids) for s in seqs]
-        sampled = self.sampler(logits, rows, self.matchers.mask_for(sample_ids))
-        now = time.time()
-        touched: dict[str, list[CompletionOutput]] = {}
+        sampled = []
+        if seqs:
+            rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
+                                s.generator, s.request.eos_token_ids) for s in seqs]
+            sampled = self.sampler(logits, rows, self.matchers.mask_for(sample_ids))
+        accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
-            rid = seq.request.request_id
-            if not self.matchers.accept(rid, tok.token_id):
+            if self.matchers.accept(seq.request.request_id, tok.token_id):
+                accepted.append((seq, tok))
+            else:
                 refused.append(seq.parent_id)  # the grammar allowed nothing (e.g. min_tokens banned its end)
-                continue
+        self.scheduler.update_from_output(sched, {seq.request.request_id: tok.token_id for seq, tok in accepted})
+        if not seqs:
+            return outputs
+        now = time.time()
+        touched: dict[str, list[CompletionOutput]] = {}
+        for seq, tok in accepted:
+            rid = seq.request.request_id
             finish = self._append_token(seq, tok, now)
             if finish is None and self.matchers.is_terminated(rid):
                 finish = RequestStatus.FINISHED_STOPPED  # the grammar ended: nothing more may follow
@@ -232,8 +237,8 @@ class LLMEngine:
             self.prompt_tokens_total += len(group.prompt_token_ids)
 
     def _append_token(self, seq: _Sequence, tok, now: float) -> RequestStatus | None:
+        """The scheduler has appended `tok` (update_from_output): time it, detokenize it, check stops."""
         req, params = seq.request, seq.request.sampling_params
-        req.output_token_ids.append(tok.token_id)
         if req.times.first_token is None:
             req.times.first_token = now
             self._count_prompt_tokens(seq)
@@ -345,6 +350,7 @@ class LLMEngine:
         for rid in [r for r in self.scheduler.requests if r not in self.sequences]:
             self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR)
         self.kv.reset_prefix_cache()
+        self.runner.reset_block_tables()
         return outs
 
 

@@ -10,7 +10,10 @@ The flat batch (no padding between requests)::
     block_tables    [B, maxb]  request i's block ids, padded with the null block 0
     logits_indices  [S]        the last row of each request that samples this step
 
-The runner never decides who runs; it only computes what it is given.
+The runner never decides who runs; it only computes what it is given. It
+keeps each running request's block table across steps (the scheduler sends
+only the blocks a request got since its last step), so a step costs in
+proportion to what changed, not to every request's whole table.
 """
 from __future__ import annotations
 
@@ -104,6 +107,7 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
                           for _ in range(arch.num_hidden_layers)]
         self.num_steps = 0
+        self.block_tables: dict[str, list[int]] = {}  # request id -> its KV block ids, in order
         self.graphs = self._capture_graphs()
 
     @property
@@ -198,12 +202,30 @@ class ModelRunner:
         torch.softmax(logits, dim=-1)
         return logits
 
+    def update_block_tables(self, out: SchedulerOutput) -> None:
+        """Forget finished and preempted requests' tables, then append the new blocks
+        (in this order: a request preempted and restarted in one step starts afresh)."""
+        tables = self.block_tables
+        for rid in (*out.finished_request_ids, *out.preempted_request_ids):
+            tables.pop(rid, None)
+        for s in out.scheduled:
+            table = tables.get(s.request_id)
+            if table is None:
+                tables[s.request_id] = list(s.new_block_ids)
+            elif s.new_block_ids:
+                table.extend(s.new_block_ids)
+
+    def reset_block_tables(self) -> None:
+        """After a failed step: every request was failed, none of their tables is needed."""
+        self.block_tables.clear()
+
     def _prepare(self, out: SchedulerOutput):
         sched = out.scheduled
         q_lens = [len(s.token_ids) for s in sched]
         seq_lens = [s.start_position + n for s, n in zip(sched, q_lens)]
-        max_blocks = max(len(s.block_ids) for s in sched)
-        table = [s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in sched]
+        rows = [self.block_tables[s.request_id] for s in sched]
+        max_blocks = max(len(r) for r in rows)
+        table = [r + [0] * (max_blocks - len(r)) for r in rows]
         dev = self.device
         block_tables = torch.tensor(table, dtype=torch.int32, device=dev)
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=dev)
@@ -227,6 +249,7 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
         """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample)."""
+        self.update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
         self.num_steps += 1
         # One-shot, so a test sees the engine fail and then recover.
         if self.config.fault_injection_step is not None and self.num_steps == self.config.fault_injection_step:

@@ -1,4 +1,7 @@
-"""Per-request engine state. Owned by the engine thread; never shared across threads."""
+"""Per-request engine state. Owned by the engine thread; never shared across threads.
+
+Its KV blocks are not here: the KV cache manager owns them (`KVCacheManager.block_ids`).
+"""
 from __future__ import annotations
 
 import enum
@@ -47,7 +50,6 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first scheduling
-    block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     times: RequestTimes = field(default_factory=RequestTimes)

@@ -22,21 +22,23 @@ class ScheduledRequest:
     request_id: str
     token_ids: list[int]       # the tokens to compute, positions start .. start+len-1
     start_position: int        # = num_computed_tokens before this step
-    block_ids: list[int]       # the request's whole block table
+    new_block_ids: list[int]   # blocks the request got since its last step (all of them when it (re)starts)
     samples: bool              # True when this chunk reaches the end of the known tokens
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
+    """The only contract between scheduler and runner. The runner keeps each
+    request's block table across steps: it forgets the tables of finished and
+    preempted requests, then appends each scheduled request's new blocks."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    new_request_ids: list[str] = field(default_factory=list)
+    new_request_ids: list[str] = field(default_factory=list)  # first scheduled this step (log_scheduling)
     preempted_request_ids: list[str] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # since the last step
 
     @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request_id: len(s.token_ids) for s in self.scheduled}
 
     @property
     def is_empty(self) -> bool:
@@ -44,12 +46,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -86,8 +86,9 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                if self.kv.allocate_slots(req, num_new) is not None:
-                    self._emit(out, req, num_new)
+                new_blocks = self.kv.allocate_slots(req, num_new)
+                if new_blocks is not None:
+                    self._emit(out, req, num_new, new_blocks)
                     budget -= num_new
                     i += 1
                     break
@@ -102,7 +103,8 @@ class Scheduler:
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             remaining = req.num_tokens - req.num_computed_tokens - num_hit_tokens
             num_new = min(remaining, budget)
-            if self.kv.allocate_slots(req, num_new, hits) is None:
+            new_blocks = self.kv.allocate_slots(req, num_new, hits)
+            if new_blocks is None:
                 break
             self.waiting.popleft()
             self.kv.record_prefix_lookup(req, num_hit_tokens)
@@ -114,20 +116,20 @@ class Scheduler:
                 out.new_request_ids.append(req.request_id)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            self._emit(out, req, num_new)
+            self._emit(out, req, num_new, new_blocks)
             budget -= num_new
         return out
 
-    def _emit(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
+    @staticmethod
+    def _emit(out: SchedulerOutput, req: Request, num_new: int, new_blocks: list[int]) -> None:
         start = req.num_computed_tokens
         out.scheduled.append(ScheduledRequest(
             request_id=req.request_id,
             token_ids=req.token_ids_slice(start, start + num_new),
             start_position=start,
-            block_ids=list(req.block_ids),
+            new_block_ids=new_blocks,
             samples=start + num_new == req.num_tokens,
         ))
-        out.num_scheduled_tokens[req.request_id] = num_new
 
     def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:
         self.kv.free(req)
@@ -139,16 +141,19 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted_request_ids.append(req.request_id)
         # Its chunk may already be in this step's output if it ran earlier in the loop.
-        if req.request_id in out.num_scheduled_tokens:
-            del out.num_scheduled_tokens[req.request_id]
-            out.scheduled = [s for s in out.scheduled if s.request_id != req.request_id]
+        out.scheduled = [s for s in out.scheduled if s.request_id != req.request_id]
 
-    def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance num_computed_tokens of every request that ran (before sampling appends tokens)."""
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """After the forward pass: every request that ran has its chunk computed,
+        and those that sampled (request id -> token id) get their new token."""
         for sched in out.scheduled:
             req = self.requests.get(sched.request_id)
-            if req is not None and not req.is_finished:
-                req.num_computed_tokens += len(sched.token_ids)
+            if req is None or req.is_finished:
+                continue
+            req.num_computed_tokens += len(sched.token_ids)
+            token = sampled.get(sched.request_id)
+            if token is not None:
+                req.output_token_ids.append(token)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """Remove a request (finished or aborted) and free its blocks at once."""

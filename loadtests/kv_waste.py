@@ -27,7 +27,7 @@ def _lognormal_int(rng: random.Random, median: float, sigma: float, low: int, hi
 def run(num_requests: int, block_size: int, seed: int, max_model_len: int = 2048) -> dict:
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks=4096, block_size=block_size, enable_caching=False)
-    sched = Scheduler(kv, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=max_model_len)
+    sched = Scheduler(kv, max_num_seqs=64, max_num_batched_tokens=2048)
     targets: dict[str, int] = {}
     lengths: list[int] = []
     for i in range(num_requests):
@@ -43,13 +43,9 @@ def run(num_requests: int, block_size: int, seed: int, max_model_len: int = 2048
     steps = 0
     while sched.has_unfinished():
         out = sched.schedule()
-        sched.update_after_step(out)
-        for s in out.scheduled:
-            req = sched.requests[s.request_id]
-            if s.samples:
-                req.output_token_ids.append(1)
+        sched.update_from_output(out, {s.request_id: 1 for s in out.scheduled if s.samples})
         for req in list(sched.running):
-            slots = len(req.block_ids) * block_size
+            slots = len(kv.block_ids(req.request_id)) * block_size
             waste = slots - req.num_computed_tokens
             worst = max(worst, waste)
             per_request_waste.append(waste)

@@ -42,6 +42,11 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (a copy; for tests and tools, the runner keeps its own)."""
+        state = self._reqs.get(request_id)
+        return [] if state is None else [b.block_id for b in state.blocks]
+
     def get_computed_blocks(self, req: Request) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of req in whole blocks; never the whole prompt (the last token
         must run through the model to produce logits)."""
@@ -69,7 +74,8 @@ class KVCacheManager:
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVBlock] | None = None) -> list[int] | None:
-        """Room for req's next num_new_tokens tokens (after any new cache hits), or None."""
+        """Room for req's next num_new_tokens tokens (after any new cache hits), or None.
+        Returns the block ids appended to req's table: the cache hits taken, then fresh blocks."""
         new_computed_blocks = new_computed_blocks or []
         state = self._reqs.setdefault(req.request_id, _RequestBlocks())
         num_computed = req.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -84,12 +90,11 @@ class KVCacheManager:
         state.blocks.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(num_new_blocks, 0))
         state.blocks.extend(new_blocks)
-        req.block_ids = [b.block_id for b in state.blocks]
         if new_computed_blocks:
             state.num_cached_blocks = max(state.num_cached_blocks,
                                           len(state.blocks) - len(new_blocks))
         self._cache_full_blocks(req, state, total)
-        return [b.block_id for b in new_blocks]
+        return [b.block_id for b in (*new_computed_blocks, *new_blocks)]
 
     def _cache_full_blocks(self, req: Request, state: _RequestBlocks, num_tokens: int) -> None:
         if req.cache_key is None:
@@ -108,7 +113,6 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Return every block of req; the tail goes last into the free list so it is evicted first."""
         state = self._reqs.pop(req.request_id, None)
-        req.block_ids = []
         if state is None:
             return
         self.pool.free_blocks(list(reversed(state.blocks)), forget_hashes=not self.enable_caching)

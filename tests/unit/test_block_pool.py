@@ -38,7 +38,7 @@ def test_allocate_and_free_return_every_block():
     kv = KVCacheManager(num_blocks=9, block_size=4)
     r = _req("a", list(range(10)))
     assert kv.allocate_slots(r, 10) is not None
-    assert len(r.block_ids) == 3 and 0 not in r.block_ids
+    assert len(kv.block_ids("a")) == 3 and 0 not in kv.block_ids("a")
     assert kv.usage() == pytest.approx(3 / 8)
     r.num_computed_tokens = 10
     r.output_token_ids.append(5)
@@ -51,7 +51,7 @@ def test_allocate_refuses_when_short_and_changes_nothing():
     kv = KVCacheManager(num_blocks=3, block_size=4)
     r = _req("a", list(range(12)))
     assert kv.allocate_slots(r, 12) is None
-    assert kv.num_free_blocks == 2 and r.block_ids == []
+    assert kv.num_free_blocks == 2 and kv.block_ids("a") == []
 
 
 def test_prefix_hit_shares_blocks_and_caps_before_the_last_token():
@@ -60,10 +60,10 @@ def test_prefix_hit_shares_blocks_and_caps_before_the_last_token():
     kv.allocate_slots(a, 12)
     b = _req("b", list(range(12)))  # identical prompt: at most 2 of 3 blocks may hit
     hits, n = kv.get_computed_blocks(b)
-    assert n == 8 and [h.block_id for h in hits] == a.block_ids[:2]
+    assert n == 8 and [h.block_id for h in hits] == kv.block_ids("a")[:2]
     kv.allocate_slots(b, 4, hits)
-    assert b.block_ids[:2] == a.block_ids[:2] and b.block_ids[2] != a.block_ids[2]
-    assert kv.pool.blocks[a.block_ids[0]].ref_cnt == 2
+    assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2] and kv.block_ids("b")[2] != kv.block_ids("a")[2]
+    assert kv.pool.blocks[kv.block_ids("a")[0]].ref_cnt == 2
     kv.free(a)
     kv.free(b)
     assert kv.num_free_blocks == 15
@@ -103,7 +103,7 @@ def test_tail_blocks_are_evicted_first():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     a = _req("a", list(range(12)))
     kv.allocate_slots(a, 12)
-    first, _, last = a.block_ids
+    first, _, last = kv.block_ids("a")
     kv.free(a)
     order = [b.block_id for b in kv.pool.free_queue]
     assert order.index(last) < order.index(first)
@@ -113,6 +113,6 @@ def test_hash_collision_is_caught_by_the_token_check():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     a = _req("a", list(range(9)))
     kv.allocate_slots(a, 9)
-    block = kv.pool.blocks[a.block_ids[0]]
+    block = kv.pool.blocks[kv.block_ids("a")[0]]
     block.token_ids = (9, 9, 9, 9)  # as if another prefix had produced the same hash
     assert kv.get_computed_blocks(_req("b", list(range(9))))[1] == 0

@@ -37,7 +37,7 @@ def test_n_completions_share_prompt_blocks_and_differ(llm):
     eng = llm.engine
     eng.add_request("n3", prompt, SamplingParams(n=3, max_tokens=8, temperature=1.0, seed=5))
     eng.step()
-    tables = [eng.sequences[f"n3#{i}"].request.block_ids for i in range(3)]
+    tables = [eng.kv.block_ids(f"n3#{i}") for i in range(3)]
     assert tables[0][:2] == tables[1][:2] == tables[2][:2]  # two full prompt blocks shared
     while eng.has_unfinished():
         eng.step()

@@ -98,3 +98,24 @@ def test_quarter_budget_64_requests_complete_with_preemptions(llama_dir, engines
 def test_max_model_len_beyond_the_kv_budget_is_refused(llama_dir):
     with pytest.raises(ValueError, match="max_model_len"):
         LLM(model=llama_dir, max_model_len=512, num_kv_blocks=8, block_size=BS)
+
+
+def test_the_runner_block_table_follows_the_kv_manager_through_preemption_and_sharing(llama_dir):
+    """The KV manager owns the block ids; the runner rebuilds each table from new ids only.
+    After every step, every running request's table in the runner is the manager's."""
+    rng = random.Random(9)
+    shared = [rng.randrange(3, 500) for _ in range(2 * BS)]
+    prompts = [shared + [rng.randrange(3, 500) for _ in range(rng.randint(1, 60))] for _ in range(24)]
+    tight = LLM(model=llama_dir, block_size=BS, max_model_len=128, num_kv_blocks=24, max_num_seqs=16)
+    eng = tight.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+        for req in eng.scheduler.running:
+            assert eng.runner.block_tables[req.request_id] == eng.kv.block_ids(req.request_id), (steps, req.request_id)
+    assert eng.scheduler.num_preemptions_total > 0 and eng.kv.prefix_hits > 0
+    eng.step()  # an empty step still tells the runner who finished
+    assert eng.runner.block_tables == {}

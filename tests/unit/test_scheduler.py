@@ -8,7 +8,7 @@ from kvserve.backend.scheduler import Scheduler
 
 
 def _sched(num_blocks=64, block_size=4, max_seqs=8, budget=32, caching=True):
-    return Scheduler(KVCacheManager(num_blocks, block_size, caching), max_seqs, budget, max_model_len=256)
+    return Scheduler(KVCacheManager(num_blocks, block_size, caching), max_seqs, budget)
 
 
 def _req(rid, n, start=0):
@@ -17,10 +17,7 @@ def _req(rid, n, start=0):
 
 def _run(s: Scheduler, out, sample=7):
     """Pretend the model ran: advance computed tokens and append a token to sampling requests."""
-    s.update_after_step(out)
-    for sr in out.scheduled:
-        if sr.samples:
-            s.requests[sr.request_id].output_token_ids.append(sample)
+    s.update_from_output(out, {sr.request_id: sample for sr in out.scheduled if sr.samples})
 
 
 def test_long_prompt_is_chunked_and_mixed_with_decodes():
@@ -38,7 +35,7 @@ def test_long_prompt_is_chunked_and_mixed_with_decodes():
     out = s.schedule()
     assert out.num_scheduled_tokens == {"short": 1, "long": 9}
     assert next(x for x in out.scheduled if x.request_id == "long").start_position == 9
-    assert out.total_num_scheduled_tokens <= 10
+    assert sum(out.num_scheduled_tokens.values()) <= 10
 
 
 def test_max_num_seqs_and_fcfs():
@@ -71,7 +68,7 @@ def test_preemption_takes_the_newest_and_requeues_it_first():
     assert out.preempted_request_ids == ["new"]
     assert list(out.num_scheduled_tokens) == ["old"]
     new = s.requests["new"]
-    assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and new.block_ids == []
+    assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and s.kv.block_ids("new") == []
     assert s.waiting[0] is new and s.num_preemptions_total == 1
 
 
