@@ -3,6 +3,16 @@
 Callers on any thread add requests with a callback (model.py) or iterate an
 async stream (`generate`). Adds and aborts are applied by the engine thread
 between steps, so an abort frees the request's blocks before the next step.
+
+A request is admitted (`admission.admit`: tokenized and checked) before it
+reaches the engine thread: a short text on the caller's thread, a long one
+(megabytes take seconds) on the tokenizer pool, so the caller (Triton's
+instance thread, which admits every other request) is never held up by it. A
+request counts as pending from `add_request` until it enters the engine, and
+an abort that comes in meanwhile wins: the request is dropped where it stands
+(before tokenizing, while its grammar compiles, or as it reaches the engine
+thread) and ends with finish_reason "abort", so no abort can come too early
+and leave a request running with nobody listening.
 A constrained request (structured outputs) is compiled on the grammar pool
 before it reaches the engine thread: the thread parks it until its grammar is
 ready, refuses it with a 400 naming the field when it does not compile or takes
@@ -21,13 +31,17 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from concurrent.futures import ThreadPoolExecutor
+
+from kvserve.backend.admission import AdmittedPrompt, admit, precheck
 from kvserve.backend.config import EngineConfig
 from kvserve.backend.engine import LLMEngine
-from kvserve.backend.outputs import RequestOutput
+from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.structured.compiler import CompileJob
+from kvserve.backend.tokenizer import LONG_TEXT_CHARS
 from kvserve.observability.thread_names import name_this_thread
-from kvserve.seam.error_wire import ErrorKind
+from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 
 log = logging.getLogger("kvserve.engine")
 
@@ -37,6 +51,8 @@ OutputCallback = Callable[[RequestOutput], None]
 # one-off fault does not take the replica out for long.
 FAULT_UNHEALTHY_S = 3.0
 StepListener = Callable[[LLMEngine, list[RequestOutput], float], None]
+# Long prompts are tokenized here, a few at a time; `tokenizers` drops the GIL for them.
+TOKENIZER_THREADS = 2
 
 
 class EngineOverloaded(RuntimeError):
@@ -51,12 +67,17 @@ class EngineClosed(RuntimeError):
 @dataclass(slots=True)
 class _Add:
     request_id: str
-    prompt_ids: list[int]
+    prompt: AdmittedPrompt | None  # None: dropped before it was admitted (aborted, or `error`)
     params: SamplingParams
     callback: OutputCallback
     traceparent: str | None
     arrival: float
     grammar: CompileJob | None = None
+    error: RequestError | None = None  # admission refused it (after add_request had returned)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.token_ids if self.prompt is not None else []
 
 
 @dataclass(slots=True)
@@ -77,8 +98,11 @@ class AsyncEngine:
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Wake | None] = queue.SimpleQueue()
         self._compiling: dict[str, _Add] = {}  # engine thread: requests waiting for their grammar
         self._callbacks: dict[str, OutputCallback] = {}
-        self._pending_adds = 0
+        # Requests added but not yet in the engine -> aborted meanwhile. Under _lock: any
+        # thread adds and aborts, the engine thread takes them out as they enter.
+        self._pending: dict[str, bool] = {}
         self._lock = threading.Lock()
+        self._tokenize_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="kvserve-tokenize")
         self.step_listeners = list(step_listeners or [])
         self.last_error: str | None = None
         self._unhealthy_until = 0.0  # time.monotonic() until which healthy() is False
@@ -129,20 +153,62 @@ class AsyncEngine:
             return dict(self._stats)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    callback: OutputCallback, traceparent: str | None = None) -> None:
-        """Validate now (ValueError names the field) and queue; outputs reach `callback` on the engine thread."""
+                    callback: OutputCallback, traceparent: str | None = None, arrival: float | None = None) -> None:
+        """Admit and queue; outputs reach `callback` on the engine thread.
+
+        Raises RequestError (a ValueError naming the field) for what it finds now: the
+        cheap checks, and all of them for a short prompt. A long text prompt is tokenized
+        on the pool, and what its admission finds reaches `callback` as an error output.
+        `arrival` (time.time(), default now) starts the request's `timeout`."""
         if self._closed or not self._thread.is_alive():
             raise EngineClosed("the engine is shutting down")
-        ids = self.engine.validate_prompt(prompt, params)
+        arrival = time.time() if arrival is None else arrival
+        limits = self.engine.limits
+        precheck(prompt, params, limits)
         limit = self.config.max_waiting_requests
         with self._lock:
-            if limit is not None and self._stats["num_requests_waiting"] + self._pending_adds >= limit:
+            if limit is not None and self._stats["num_requests_waiting"] + len(self._pending) >= limit:
                 raise EngineOverloaded(f"the waiting queue is full ({limit} requests)")
-            self._pending_adds += 1
-        job = self.engine.grammars.submit(params.grammar) if params.grammar is not None else None
-        self._inbox.put(_Add(request_id, ids, params, callback, traceparent, time.time(), job))
+            if request_id in self._pending:
+                raise invalid("request_id", f"{request_id!r} is already in flight")
+            self._pending[request_id] = False
+        item = _Add(request_id, None, params, callback, traceparent, arrival)
+        if isinstance(prompt, str) and len(prompt) > LONG_TEXT_CHARS:
+            self._tokenize_pool.submit(self._admit, item, prompt)
+            return
+        try:
+            item.prompt = admit(prompt, params, limits, self.engine.tokenizer.encode)
+        except BaseException:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise
+        self._queue(item)
+
+    def _admit(self, item: _Add, prompt: str) -> None:
+        """On the tokenizer pool: admit a long prompt, unless it was aborted while it waited."""
+        try:
+            with self._lock:
+                aborted = self._pending.get(item.request_id, True)
+            if not aborted:
+                item.prompt = admit(prompt, item.params, self.engine.limits, self.engine.tokenizer.encode)
+        except RequestError as exc:
+            item.error = exc
+        except Exception as exc:
+            log.error("admitting request %s failed (%s)", item.request_id, type(exc).__name__)
+            log.debug("admission failure", exc_info=True)
+            item.error = RequestError("internal error: the request could not be added", None, ErrorKind.INTERNAL)
+        self._queue(item)
+
+    def _queue(self, item: _Add) -> None:
+        if item.prompt is not None and item.params.grammar is not None:
+            item.grammar = self.engine.grammars.submit(item.params.grammar)
+        self._inbox.put(item)
 
     def abort(self, request_id: str) -> None:
+        """Abort a request, wherever it is: an abort before the request reached the engine wins."""
+        with self._lock:
+            if request_id in self._pending:
+                self._pending[request_id] = True
         self._inbox.put(_Abort(request_id))
 
     async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -164,6 +230,7 @@ class AsyncEngine:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._closed = True
+        self._tokenize_pool.shutdown(wait=False)
         self._inbox.put(None)
         self._thread.join(timeout)
         if hasattr(self, "engine"):
@@ -193,9 +260,17 @@ class AsyncEngine:
                 outputs = self.engine.recover_from_fault("internal error: the engine step failed")
                 self._unhealthy_until = time.monotonic() + FAULT_UNHEALTHY_S
             self._deliver(outputs, started)
-        for item in self._compiling.values():
-            self._reject(item, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
+        waiting = list(self._compiling.values())
         self._compiling.clear()
+        while True:  # adds that were still on their way in
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Add):
+                waiting.append(item)
+        for item in waiting:
+            self._reject(item, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
         for rid in list(self.engine.groups):
             out = self.engine.fail(rid, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
             if out is not None:
@@ -215,8 +290,10 @@ class AsyncEngine:
             if isinstance(item, _Wake):
                 continue
             if isinstance(item, _Abort):
-                if self._compiling.pop(item.request_id, None) is not None:
-                    continue  # cancelled while its grammar compiled: it never reached the engine
+                parked = self._compiling.pop(item.request_id, None)
+                if parked is not None:  # aborted while its grammar compiled: it never reached the engine
+                    self._add(parked)
+                    continue
                 try:
                     out = self.engine.abort(item.request_id)
                 except Exception as exc:  # never let one bad abort stop the engine thread
@@ -226,9 +303,7 @@ class AsyncEngine:
                 if out is not None:
                     outputs.append(out)
                 continue
-            with self._lock:
-                self._pending_adds -= 1
-            if item.grammar is not None and not item.grammar.done():
+            if item.grammar is not None and not item.grammar.done() and not self._aborted(item.request_id):
                 self._compiling[item.request_id] = item
                 continue
             self._add(item)
@@ -251,10 +326,23 @@ class AsyncEngine:
                                    f"within {self.engine.grammars.timeout_s:g} s", ErrorKind.INVALID,
                              "structured_outputs")
 
+    def _aborted(self, request_id: str) -> bool:
+        with self._lock:
+            return self._pending.get(request_id, False)
+
     def _add(self, item: _Add) -> None:
+        """The request enters the engine, unless it was aborted or refused on its way here."""
+        with self._lock:
+            aborted = self._pending.pop(item.request_id, False)
+        if aborted:
+            self._drop(item)
+            return
+        if item.error is not None:
+            self._reject(item, str(item.error), item.error.kind, item.error.param)
+            return
         try:
             grammar = item.grammar.result() if item.grammar is not None else None
-            self.engine.add_request(item.request_id, item.prompt_ids, item.params, item.arrival,
+            self.engine.add_request(item.request_id, item.prompt, item.params, item.arrival,
                                     item.traceparent, compiled_grammar=grammar)
             self._callbacks[item.request_id] = item.callback
         except ValueError as exc:
@@ -264,8 +352,19 @@ class AsyncEngine:
             log.debug("add_request failure", exc_info=True)
             self._reject(item, "internal error: the request could not be added", ErrorKind.INTERNAL)
 
-    @staticmethod
-    def _reject(item: _Add, message: str, kind: ErrorKind, param: str | None = None) -> None:
+    def _drop(self, item: _Add) -> None:
+        """An abort came before the request reached the engine: it ends here, never run."""
+        if self.config.log_scheduling:
+            log.info("request %s ended (abort): never scheduled", item.request_id)
+        choices = [CompletionOutput(i, finish_reason="abort") for i in range(item.params.n)]
+        try:
+            item.callback(RequestOutput(item.request_id, item.prompt_ids, choices, finished=True))
+        except Exception:
+            log.error("output callback failed for request %s", item.request_id)
+
+    def _reject(self, item: _Add, message: str, kind: ErrorKind, param: str | None = None) -> None:
+        with self._lock:
+            self._pending.pop(item.request_id, None)
         try:
             item.callback(RequestOutput(item.request_id, item.prompt_ids, [], finished=True, error=message,
                                         error_kind=kind, error_param=param))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvserve.backend.admission import AdmittedPrompt, PromptLimits, admit
 from kvserve.backend.config import EngineConfig
 from kvserve.backend.detokenizer import IncrementalDetokenizer
 from kvserve.backend.kv_cache.manager import KVCacheManager
@@ -24,7 +25,7 @@ from kvserve.backend.scheduler import Scheduler
 from kvserve.backend.structured.compiler import GrammarCompiler
 from kvserve.backend.structured.matchers import GrammarMatchers
 from kvserve.backend.tokenizer import ModelTokenizer
-from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
+from kvserve.seam.error_wire import ErrorKind, invalid
 
 log = logging.getLogger("kvserve.engine")
 
@@ -64,6 +65,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.arch.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
+        self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
@@ -78,39 +80,20 @@ class LLMEngine:
         self.recent_itl: list[float] = []
 
     # ---- admission -------------------------------------------------------------------------
-    def validate_prompt(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise invalid("prompt", "must not be empty")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= self.vocab_size for t in ids):
-                raise invalid("prompt", f"token ids must be integers in [0, {self.vocab_size})")
-        if not ids:
-            raise invalid("prompt", "must not be empty")
-        params.check_vocab(self.vocab_size)
-        if len(ids) >= self.max_model_len:
-            raise RequestError(f"context_length_exceeded: the prompt has {len(ids)} tokens; this model's "
-                               f"maximum context length is {self.max_model_len} tokens", "prompt", ErrorKind.CONTEXT_LENGTH)
-        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
-            raise RequestError(f"context_length_exceeded: prompt ({len(ids)} tokens) + max_tokens "
-                               f"({params.max_tokens}) exceed the maximum context length {self.max_model_len}",
-                               "prompt", ErrorKind.CONTEXT_LENGTH)
-        return ids
-
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt: str | list[int] | AdmittedPrompt, params: SamplingParams,
                     arrival_time: float | None = None, traceparent: str | None = None,
                     compiled_grammar=None) -> None:
-        """`compiled_grammar`: the AsyncEngine compiles off this thread and passes it; without
-        it a constrained request is compiled here (the offline LLM API)."""
+        """A prompt not yet admitted (the offline LLM API) is admitted here; the AsyncEngine
+        admits off this thread and passes the `AdmittedPrompt`. Likewise `compiled_grammar`:
+        the AsyncEngine compiles off this thread; without it a constrained request is compiled here."""
         if request_id in self.groups:
             raise invalid("request_id", f"{request_id!r} is already in flight")
-        ids = self.validate_prompt(prompt, params)
+        if not isinstance(prompt, AdmittedPrompt):
+            prompt = admit(prompt, params, self.limits, self.tokenizer.encode)
+        ids = prompt.token_ids
         if params.grammar is not None and compiled_grammar is None:
             compiled_grammar = self.grammars.compile(params.grammar)
-        group = _Group(request_id, prompt if isinstance(prompt, str) else None, ids, params, [],
-                       traceparent=traceparent)
+        group = _Group(request_id, prompt.text, ids, params, [], traceparent=traceparent)
         arrival = arrival_time or time.time()
         if self.config.enable_prefix_caching:
             cache_key = params.cache_salt or ""

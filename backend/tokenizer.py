@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 
 # Longer texts are tokenized without holding the GIL (and, in the gateway, off the event loop).
@@ -40,6 +40,7 @@ class ModelTokenizer:
         self.special_ids = frozenset(t.id if hasattr(t, "id") else k
                                      for k, t in self._tok.get_added_tokens_decoder().items() if t.special)
         self.vocab_size = self._tok.get_vocab_size()
+        self._max_chars_per_token: int | None | bool = False  # False: not computed yet
 
     def _from_gguf(self, path: Path) -> None:
         from kvserve.backend.models.gguf_checkpoint import open_gguf
@@ -78,9 +79,33 @@ class ModelTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def max_chars_per_token(self) -> int | None:
+        """See _max_chars_per_token; computed on first use (it walks the whole vocabulary),
+        which only a text longer than max_model_len characters needs. Any thread may call it."""
+        if self._max_chars_per_token is False:
+            self._max_chars_per_token = _max_chars_per_token(self._tok)
+        return self._max_chars_per_token
+
     def backend_json(self) -> str:
         """The tokenizer as tokenizer.json text (xgrammar reads the vocabulary type from it)."""
         return self._tok.to_str()
 
     def id_to_token(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""
+
+
+def _max_chars_per_token(tok: Tokenizer) -> int | None:
+    """The most characters of input one token can stand for, or None when there is no such bound.
+
+    A BPE token's string is what it matches (in byte-level BPE one character per byte,
+    and an input character is at least one byte), so the longest one in the vocabulary
+    bounds it. Not so where one unknown-token id may swallow a whole word (WordPiece,
+    Unigram, BPE fusing unknown runs), and a normalizer may delete characters: it gets room.
+    """
+    model = tok.model
+    if not isinstance(model, models.BPE):
+        return None
+    if model.unk_token is not None and model.fuse_unk and not model.byte_fallback:
+        return None
+    longest = max((len(t) for t in tok.get_vocab(with_added_tokens=True)), default=1)
+    return max(longest, 1) * (2 if tok.normalizer is not None else 1)

@@ -4,7 +4,9 @@
 model is decoupled). The engine thread's callbacks drop outputs into a queue; a
 response thread turns them into InferenceResponses and sends them, and between
 sends polls `is_cancelled()` on every live request, so a client that went away
-is aborted (its KV blocks freed) within one engine step. Everything used from
+is aborted (its KV blocks freed) within one engine step. The response thread
+alone owns the live requests: `execute()` registers each one through the same
+queue, ahead of anything the engine can say about it. Everything used from
 Triton is passed in as `pb_utils`, which is Triton's own module in tritonserver
 and the embedded host's in kvserve.
 """
@@ -16,6 +18,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 from kvserve.backend.async_engine import AsyncEngine, EngineClosed, EngineOverloaded
@@ -71,8 +74,9 @@ class TritonLLMModel:
         self.engine = AsyncEngine(self.config, [EngineTelemetry(metrics, self.config.model_name)])
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
-        self._live: dict[str, _Live] = {}
-        self._outputs: queue.SimpleQueue[tuple[_Live, RequestOutput] | None] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}  # the response thread's alone
+        # (live, None): a new request; (live, output); (live, error): refused at admission; None: stop.
+        self._outputs: queue.SimpleQueue[tuple[_Live, RequestOutput | WireError | None] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._respond_loop, name="kvserve-respond", daemon=True)
         self._thread.start()
@@ -97,6 +101,7 @@ class TritonLLMModel:
 
     # ---- Triton entry points ------------------------------------------------------------------
     def execute(self, requests) -> None:
+        arrival = time.time()  # a request's `timeout` counts from here, tokenization included
         for request in requests:
             sender = request.get_response_sender()
             if is_describe_request(request):
@@ -104,28 +109,21 @@ class TritonLLMModel:
                 continue
             try:
                 parsed = parse_request(self.pb, request)
-                rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
-                live = _Live(rid, sender, parsed.stream, parsed.params.logprobs,
-                             log=RequestLog.for_request(request, rid, parsed.traceparent))
-                self._live[rid] = live
-                try:
-                    self.engine.add_request(rid, parsed.prompt, parsed.params,
-                                            lambda out, live=live: self._outputs.put((live, out)),
-                                            parsed.traceparent)
-                except BaseException:
-                    self._live.pop(rid, None)
-                    raise
-                live.log.queued(parsed.prompt, parsed.params, parsed.stream, self.tokenizer)
-            except RequestError as exc:
-                self._send_error(sender, exc.wire())
             except ValueError as exc:
-                self._send_error(sender, WireError(ErrorKind.INVALID, str(exc)))
-            except (EngineOverloaded, EngineClosed) as exc:
-                self._send_error(sender, WireError(exc.kind, f"unavailable: {exc}"))
-            except Exception as exc:  # no traceback in the logs: it names files (debug level has it)
-                log.error("could not queue a request (%s)", type(exc).__name__)
-                log.debug("queueing failure", exc_info=True)
-                self._send_error(sender, WireError(ErrorKind.INTERNAL, "internal error while queueing the request"))
+                self._send_error(sender, _wire_error(exc))
+                continue
+            rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
+            live = _Live(rid, sender, parsed.stream, parsed.params.logprobs,
+                         log=RequestLog.for_request(request, rid, parsed.traceparent))
+            self._outputs.put((live, None))
+            try:
+                self.engine.add_request(rid, parsed.prompt, parsed.params,
+                                        lambda out, live=live: self._outputs.put((live, out)),
+                                        parsed.traceparent, arrival)
+            except Exception as exc:
+                self._outputs.put((live, _wire_error(exc)))
+                continue
+            live.log.queued(parsed.prompt, parsed.params, parsed.stream, self.tokenizer)
         return None
 
     def _describe(self, sender) -> None:
@@ -165,7 +163,14 @@ class TritonLLMModel:
             for item in batch:
                 if item is None:
                     return
-                self._send_output(*item)
+                live, what = item
+                if what is None:
+                    self._live[live.request_id] = live
+                elif isinstance(what, WireError):
+                    self._live.pop(live.request_id, None)
+                    self._send_error(live.sender, what)
+                else:
+                    self._send_output(live, what)
             self._check_cancellations()
 
     def _check_cancellations(self) -> None:
@@ -256,6 +261,20 @@ class TritonLLMModel:
         if kind in (ErrorKind.OVERLOADED, ErrorKind.SHUTDOWN, ErrorKind.TIMEOUT):
             return errors.UNAVAILABLE
         return errors.INTERNAL
+
+
+def _wire_error(exc: Exception) -> WireError:
+    """What the client is told when a request cannot be queued."""
+    if isinstance(exc, RequestError):
+        return exc.wire()
+    if isinstance(exc, ValueError):
+        return WireError(ErrorKind.INVALID, str(exc))
+    if isinstance(exc, (EngineOverloaded, EngineClosed)):
+        return WireError(exc.kind, f"unavailable: {exc}")
+    # No traceback in the logs: it names files (debug level has it).
+    log.error("could not queue a request (%s)", type(exc).__name__)
+    log.debug("queueing failure", exc_info=True)
+    return WireError(ErrorKind.INTERNAL, "internal error while queueing the request")
 
 
 def _merge(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput:

@@ -43,3 +43,22 @@ def test_start_up_failure_is_raised_to_the_caller(llama_dir, tmp_path):
     with pytest.raises(ValueError, match="safetensors"):
         AsyncEngine(EngineConfig(model=str(tmp_path)))
     assert not any(t.name == "kvserve-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def test_the_timeout_counts_from_arrival(llama_dir):
+    """`arrival` is when the request reached the server (before its tokenization):
+    a request that spent its whole timeout on the way in ends without running."""
+    import time
+
+    from kvserve.seam.error_wire import ErrorKind
+
+    engine = AsyncEngine(EngineConfig(model=llama_dir, max_model_len=128))
+    try:
+        outs, done = [], threading.Event()
+        engine.add_request("late", "Once upon a time", SamplingParams(max_tokens=50, timeout=1.0),
+                           lambda out: (outs.append(out), out.finished and done.set()), arrival=time.time() - 5)
+        assert done.wait(30)
+        assert outs[-1].error_kind is ErrorKind.TIMEOUT
+        assert sum(len(c.token_ids) for o in outs for c in o.outputs) == 0
+    finally:
+        engine.shutdown()
