@@ -106,8 +106,14 @@ def cases() -> list[tuple[str, str, bytes, dict[str, str]]]:
     field("stop_token_ids", list(range(100)))
     field("logit_bias", {str(i): 1 for i in range(2000)})
     # Unsupported features answer 400, not 500.
-    field("tools", [{"type": "function", "function": {"name": "f"}}], CHAT)
-    field("response_format", {"type": "json_object"}, CHAT)
+    field("tools", [{"type": "function", "function": {"name": "f"}}], CHAT)  # "auto" without the server flags
+    field("response_format", {"type": "xml"}, CHAT)
+    # Constraints that do not compile, or that the engine would only half enforce, answer 400 too.
+    field("guided_json", {"type": "object", "not": {}})
+    field("guided_json", "{" * 5000)
+    field("guided_regex", "(" * 3000)
+    field("guided_grammar", "root ::= ")
+    field("structured_outputs", {"json": {"type": "string", "description": "d" * 100_000}})
     field("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], CHAT)
     return c
 
