@@ -3,7 +3,7 @@
 `--api-key KEY` (repeatable, or $KVSERVE_API_KEY) adds keys of the tenant
 "default"; `--api-keys-file FILE` adds `KEY TENANT` lines (blank lines and
 `#` comments ignored). The tenant scopes the prefix cache: requests of one
-tenant never reuse another's cached KV blocks (see state.effective_cache_salt).
+tenant never reuse another's cached KV blocks (see cache_salt.py).
 """
 from __future__ import annotations
 

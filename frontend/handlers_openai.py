@@ -14,7 +14,8 @@ from kvserve.frontend.generation import Call, respond
 from kvserve.frontend.middleware import request_span, request_tenant
 from kvserve.frontend.protocol import GenerateRequest
 from kvserve.frontend.request_body import read_json_body
-from kvserve.frontend.state import GATEWAY, Gateway, effective_cache_salt
+from kvserve.frontend.cache_salt import effective_cache_salt
+from kvserve.frontend.state import GATEWAY, Gateway
 from kvserve.frontend.tools import ToolRequest, render_messages
 from kvserve.frontend.tracing_seam import backend_traceparent
 
@@ -46,11 +47,11 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
         raise _context_error(len(prompt_ids), sampling["max_tokens"], limit, param)
 
 
-def _apply_tenant_salt(sampling: dict) -> None:
+def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
     """Prefix-cache isolation: the engine sees a salt derived from the
     authenticated tenant and the client's own `cache_salt`, never the client's
     value alone, so one tenant cannot reuse (or time) another's cached prefixes."""
-    salt = effective_cache_salt(request_tenant(), sampling.get("cache_salt"))
+    salt = effective_cache_salt(gateway.config.cache_salt_secret, request_tenant(), sampling.get("cache_salt"))
     if salt is None:
         sampling.pop("cache_salt", None)
     else:
@@ -72,7 +73,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req: CompletionRequest = parse_completion(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
-    _apply_tenant_salt(req.sampling)
+    _apply_tenant_salt(gateway, req.sampling)
     for prompt in req.prompts:
         if isinstance(prompt, list):
             _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
@@ -119,7 +120,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req: ChatRequest = parse_chat(body, gateway.vocab_size, gateway.config.tools)
     model = gateway.resolve_model(req.model)
-    _apply_tenant_salt(req.sampling)
+    _apply_tenant_salt(gateway, req.sampling)
     ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools)
     _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
     await gateway.ensure_ready()

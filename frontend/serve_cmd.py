@@ -30,6 +30,7 @@ from kvserve.frontend.replica_flags import (add_replica_flags, build_backend, is
                                             validate_replica_flags)
 from kvserve.frontend.replica_sources import is_dns_url
 from kvserve.frontend.api_keys import load_api_keys
+from kvserve.frontend.cache_salt import load_secret
 from kvserve.frontend.drain import drain
 from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                     DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeat for several keys (tenant 'default'; default: $KVSERVE_API_KEY)")
     p.add_argument("--api-keys-file", metavar="FILE",
                    help="more API keys, one 'KEY TENANT' per line; tenants never share prefix-cache entries")
+    p.add_argument("--cache-salt-secret-file", metavar="FILE", default=None,
+                   help="secret keying the tenants' prefix-cache salts, shared by a deployment's gateways; "
+                        "generated there once when absent ($KVSERVE_CACHE_SALT_SECRET wins; default "
+                        "$XDG_STATE_HOME/kvserve/cache-salt-secret)")
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests get this long to finish before they end with an error "
                         f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:.0f})")
@@ -242,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--enable-auto-tool-choice needs --tool-call-parser")
         chat_template = resolve_template_arg(args.chat_template)
         api_keys = load_api_keys(args.api_key or [os.environ.get("KVSERVE_API_KEY", "")], args.api_keys_file)
+        salt_secret = load_secret(args.cache_salt_secret_file)
         setup_tracing(args.otlp_traces_endpoint, service_name="kvserve-gateway")
     except (UsageError, OSError, ValueError) as exc:
         print(f"kvserve serve: error: {exc}", file=sys.stderr)
@@ -270,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             served_model_names=plan.served_names,
             model_root=str(model_path) if model_path else None,
             api_keys=api_keys,
+            cache_salt_secret=salt_secret,
             max_request_body_bytes=args.max_request_body_bytes,
             header_timeout=args.header_timeout,
             body_timeout=args.body_timeout,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +57,8 @@ class GatewayConfig:
     embedding_model_names: list[str] = field(default_factory=list)  # served by Gateway.embedder
     embedding_model_root: str | None = None
     embedding_max_model_len: int | None = None
+    # Keys the tenants' prefix-cache salts (cache_salt.py); serve_cmd loads the deployment's.
+    cache_salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def key_table(self) -> dict[str, str]:
         """Every accepted API key -> its tenant (empty: no authentication)."""
@@ -64,17 +66,6 @@ class GatewayConfig:
         if self.api_key:
             table.setdefault(self.api_key, DEFAULT_TENANT)
         return table
-
-
-def effective_cache_salt(tenant: str | None, client_salt: str | None) -> str | None:
-    """The prefix-cache salt the engine sees: the authenticated tenant plus the
-    client's own salt, hashed, so no client can name (or guess its way into)
-    another tenant's cache entries. Without authentication and without a client
-    salt everyone shares one cache, as before."""
-    if tenant is None and client_salt is None:
-        return None
-    material = json.dumps([tenant, client_salt])  # unambiguous: no (tenant, salt) pair can pose as another
-    return "t-" + hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ReadinessCache:

@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from gw_fakes import WORDS, get, post
-from kvserve.frontend.state import effective_cache_salt
+from kvserve.frontend.cache_salt import effective_cache_salt
 
 
 def words(start: int, count: int) -> str:
@@ -55,7 +55,8 @@ def test_sampling_fields_reach_the_engine_with_its_names(client: openai.OpenAI, 
     assert s == {"n": 1, "max_tokens": 3, "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["zzz"],
                  "presence_penalty": 0.1, "frequency_penalty": 0.2, "logit_bias": {"5": 1.5}, "top_k": -1,
                  "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 1,
-                 "stop_token_ids": [3], "cache_salt": effective_cache_salt(None, "tenant-1")}
+                 "stop_token_ids": [3],
+                 "cache_salt": effective_cache_salt(server.config.cache_salt_secret, None, "tenant-1")}
     assert s["cache_salt"] != "tenant-1"  # the engine never sees a client's salt alone (tenant isolation)
 
 

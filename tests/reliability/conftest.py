@@ -39,11 +39,18 @@ def pickle_audit_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def main_server(tmp_path_factory: pytest.TempPathFactory, pickle_audit_file: Path):
+def main_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """XDG_STATE_HOME of main_server: where it generates and keeps the tenants' cache-salt secret."""
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="session")
+def main_server(tmp_path_factory: pytest.TempPathFactory, pickle_audit_file: Path, main_state_dir: Path):
     keys_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys_file.write_text("# key tenant\n" + "".join(f"{k} {t}\n" for k, t in TENANT_KEYS.items()))
     env = {
         "KVSERVE_LOG_SCHEDULING": "true",
+        "XDG_STATE_HOME": str(main_state_dir),  # not the user's home
         "KVSERVE_PICKLE_AUDIT": str(pickle_audit_file),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PICKLE_GUARD_DIR), os.environ.get("PYTHONPATH")])),
     }

@@ -8,12 +8,18 @@ can name its way into another tenant's entries.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import queue
 import uuid
+from pathlib import Path
+
+import numpy as np
 
 import pytest
 
 from kvserve.frontend.api_keys import KeyFileError, load_api_keys, parse_keys_file
-from kvserve.frontend.state import effective_cache_salt
+from kvserve.frontend.cache_salt import effective_cache_salt
 from tests.reliability.conftest import MAIN_KEY
 from tests.reliability.served import Served
 
@@ -55,8 +61,50 @@ def test_keys_file_and_salt_derivation() -> None:
             parse_keys_file(bad)
         assert "sk-" not in str(info.value)  # a key is a secret: never quoted back
     assert load_api_keys(["k1", "k2", ""], None) == {"k1": "default", "k2": "default"}
-    assert effective_cache_salt(None, None) is None  # no auth, no salt: one shared cache, as before
-    salts = {effective_cache_salt(t, s) for t in ("acme", "globex", None) for s in ("x", None)}
+    secret = b"deployment secret"
+    assert effective_cache_salt(secret, None, None) is None  # no auth, no salt: one shared cache, as before
+    salts = {effective_cache_salt(secret, t, s) for t in ("acme", "globex", None) for s in ("x", None)}
     assert len(salts - {None}) == 5  # every (tenant, client salt) pair is its own scope
-    assert effective_cache_salt("acme", "x\u0000y") != effective_cache_salt("acme\u0000x", "y")
-    assert effective_cache_salt("acme", "x") not in ("x", "acme")
+    assert effective_cache_salt(secret, "acme", "x\u0000y") != effective_cache_salt(secret, "acme\u0000x", "y")
+    assert effective_cache_salt(secret, "acme", "x") not in ("x", "acme")
+    assert effective_cache_salt(secret, "acme", None) != effective_cache_salt(b"another", "acme", None)
+
+
+def _direct_cached_tokens(served: Served, ids: list[int], salt: str) -> int:
+    """A request straight at the backend's gRPC port (as anything inside the cluster could send)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = [grpcclient.InferInput("input_ids", [len(ids)], "INT32"),
+              grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array(ids, dtype=np.int32))
+    inputs[1].set_data_from_numpy(np.array([json.dumps({"max_tokens": 1, "cache_salt": salt}).encode()],
+                                           dtype=np.object_))
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(served.backend)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("llm", inputs, request_id="probe")
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return int(result.as_numpy("cached_tokens")[0])
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_tenant_salt_cannot_be_computed_from_the_tenant_name(main_server: Served, main_state_dir: Path) -> None:
+    # Tenant A's prompt in the cache; a client of the backend's gRPC port that knows A's name
+    # (and how salts were once made: a plain hash of it) probes for it through cached_tokens.
+    ids = [int(t) for t in np.random.default_rng().integers(10, 400, size=64)]
+    reply = main_server.post("/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 1}, key=KEY_A)
+    assert reply.status == 200, reply.body[:300]
+    public = "t-" + hashlib.sha256(json.dumps(["tenant-a", None]).encode()).hexdigest()
+    assert _direct_cached_tokens(main_server, ids, public) == 0
+    # Only the deployment's secret (generated and kept 0600 in the state folder) makes the salt.
+    files = list(main_state_dir.rglob("cache-salt-secret"))
+    assert len(files) == 1 and files[0].stat().st_mode & 0o077 == 0
+    secret = files[0].read_text().strip().encode()
+    assert _direct_cached_tokens(main_server, ids, effective_cache_salt(secret, "tenant-a", None)) >= 48
+

@@ -176,6 +176,37 @@ def test_k8s_manifests_route_through_the_headless_service_and_scale_on_waiting()
     assert listed == {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml", "prometheus-adapter-values.yaml"}
 
 
+def test_k8s_only_the_gateways_reach_the_backends_inference_ports() -> None:
+    # A pod that could call tritonserver directly would skip the API keys and the keyed tenant
+    # salts (and probe any salt's cache through cached_tokens).
+    objs = _k8s()
+    triton_labels = objs[("Deployment", "kvserve-triton")]["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = objs[("Deployment", "kvserve-gateway")]["spec"]["template"]["metadata"]["labels"]
+    policies = [o for (kind, _), o in objs.items() if kind == "NetworkPolicy"
+                and o["spec"]["podSelector"]["matchLabels"].items() <= triton_labels.items()]
+    assert policies, "no NetworkPolicy selects the backend pods"
+    for policy in policies:
+        assert "Ingress" in policy["spec"]["policyTypes"]
+    reaching: dict[int, list] = {}
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = [p["port"] for p in rule.get("ports", [])] or ["every port"]
+            for port in ports:
+                reaching.setdefault(port, []).append(rule.get("from"))
+    for port in (8001, 8000, "every port"):
+        for sources in reaching.get(port, []):
+            assert sources, f"port {port} is open to every pod"
+            for source in sources:
+                assert set(source) == {"podSelector"}, source  # no namespace or ipBlock wildcard
+                assert source["podSelector"]["matchLabels"].items() <= gateway_labels.items(), source
+    assert reaching.get(8001), "the gateways cannot reach gRPC"
+    # The gateways share one cache-salt secret, from a Secret (not made up per pod).
+    env = {e["name"]: e for e in objs[("Deployment", "kvserve-gateway")]["spec"]["template"]["spec"]
+           ["containers"][0]["env"]}
+    ref = env["KVSERVE_CACHE_SALT_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] and ref["key"] and not ref.get("optional")
+
+
 def _works(argv: list[str]) -> bool:
     try:
         return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
@@ -201,4 +232,5 @@ def test_kubectl_kustomize_builds() -> None:
     out = subprocess.run(["kubectl", "kustomize", str(DEPLOY / "k8s")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out.stdout) if d)
-    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service", "Service"]
+    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy",
+                     "PersistentVolumeClaim", "Service", "Service"]
