@@ -38,6 +38,7 @@ from kvserve.backend.config import EngineConfig
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
+from kvserve.backend.stop_matcher import stop_automaton
 from kvserve.backend.structured.compiler import CompileJob
 from kvserve.backend.tokenizer import LONG_TEXT_CHARS
 from kvserve.observability.thread_names import name_this_thread
@@ -165,6 +166,8 @@ class AsyncEngine:
         arrival = time.time() if arrival is None else arrival
         limits = self.engine.limits
         precheck(prompt, params, limits)
+        if params.stop:
+            stop_automaton(tuple(params.stop))  # built (~0.1 s at most) here, then cached: not on the engine thread
         limit = self.config.max_waiting_requests
         with self._lock:
             if limit is not None and self._stats["num_requests_waiting"] + len(self._pending) >= limit:

@@ -54,7 +54,8 @@ class IncrementalDetokenizer:
         self.sent = len(self._decode(self.window))
         self.pending = ""     # decoded text not yet handed to the client (held for stop strings)
         self.emitted = 0      # characters handed to the client so far
-        self._stops = stop_automaton(tuple(stop)) if stop else None
+        self._stops = None    # the automaton, looked up at the first token (a waiting request holds none)
+        self._stop_key = tuple(stop)
         self._node = 0        # the automaton's state after all decoded text
 
     @property
@@ -64,6 +65,8 @@ class IncrementalDetokenizer:
     def add_tokens(self, new_ids: list[int], finished: bool = False, check_stop: bool = True) -> DetokenizerResult:
         """The new text to hand out. `check_stop=False` while the request has not yet reached
         min_tokens: a stop string there neither stops it nor is cut from the text (vLLM)."""
+        if self._stop_key and self._stops is None:
+            self._stops = stop_automaton(self._stop_key)
         for token_id in new_ids:
             piece = self._decode_step(token_id)
             if self._stops is not None and piece:
