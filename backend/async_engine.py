@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kvserve.backend.admission import AdmittedPrompt, admit, precheck
 from kvserve.backend.config import EngineConfig
 from kvserve.backend.engine import LLMEngine
-from kvserve.backend.outputs import CompletionOutput, RequestOutput
+from kvserve.backend.outputs import CompletionOutput, EngineStats, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.stop_matcher import stop_automaton
 from kvserve.backend.structured.compiler import CompileJob
@@ -51,7 +51,9 @@ OutputCallback = Callable[[RequestOutput], None]
 # long enough for probes and load balancers to notice, short enough that a
 # one-off fault does not take the replica out for long.
 FAULT_UNHEALTHY_S = 3.0
-StepListener = Callable[[LLMEngine, list[RequestOutput], float], None]
+# After each step (and each batch of adds and aborts), on the engine thread:
+# (the engine's stats now, the outputs just delivered, when the step started).
+StepListener = Callable[[EngineStats, list[RequestOutput], float], None]
 # Long prompts are tokenized here, a few at a time; `tokenizers` drops the GIL for them.
 TOKENIZER_THREADS = 2
 
@@ -149,9 +151,10 @@ class AsyncEngine:
         FAULT_UNHEALTHY_S after a failed step. Cheap: readiness probes call it."""
         return not self._closed and self._thread.is_alive() and time.monotonic() >= self._unhealthy_until
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EngineStats:
+        """The engine's stats as of its last step (any thread)."""
         with self._lock:
-            return dict(self._stats)
+            return self._stats
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     callback: OutputCallback, traceparent: str | None = None, arrival: float | None = None) -> None:
@@ -170,7 +173,7 @@ class AsyncEngine:
             stop_automaton(tuple(params.stop))  # built (~0.1 s at most) here, then cached: not on the engine thread
         limit = self.config.max_waiting_requests
         with self._lock:
-            if limit is not None and self._stats["num_requests_waiting"] + len(self._pending) >= limit:
+            if limit is not None and self._stats.num_requests_waiting + len(self._pending) >= limit:
                 raise EngineOverloaded(f"the waiting queue is full ({limit} requests)")
             if request_id in self._pending:
                 raise invalid("request_id", f"{request_id!r} is already in flight")
@@ -389,7 +392,7 @@ class AsyncEngine:
             self._stats = stats
         for listener in self.step_listeners:
             try:
-                listener(self.engine, outputs, started)
+                listener(stats, outputs, started)
             except Exception as exc:
                 log.error("step listener failed (%s)", type(exc).__name__)
                 log.debug("step listener failure", exc_info=True)

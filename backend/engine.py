@@ -17,7 +17,7 @@ from kvserve.backend.config import EngineConfig
 from kvserve.backend.detokenizer import IncrementalDetokenizer
 from kvserve.backend.kv_cache.manager import KVCacheManager
 from kvserve.backend.model_runner import ModelRunner
-from kvserve.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from kvserve.backend.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from kvserve.backend.request import Request, RequestStatus
 from kvserve.backend.sampler import Sampler, SamplingRow
 from kvserve.backend.sampling_params import SamplingParams
@@ -76,8 +76,8 @@ class LLMEngine:
         # Token counters for metrics; the engine thread is the only writer.
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        # Inter-token gaps since the last drain (read by the metrics listener on this thread).
-        self.recent_itl: list[float] = []
+        # Inter-token gaps since the last stats() (which hands them on).
+        self._inter_token_gaps: list[float] = []
 
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | AdmittedPrompt, params: SamplingParams,
@@ -226,7 +226,7 @@ class LLMEngine:
             req.times.first_token = now
             self._count_prompt_tokens(seq)
         else:
-            self.recent_itl.append(now - req.times.last_token)
+            self._inter_token_gaps.append(now - req.times.last_token)
         req.times.last_token = now
         seq.pending_ids.append(tok.token_id)
         if tok.logprob is not None:
@@ -311,20 +311,23 @@ class LLMEngine:
         seq = self.sequences.get(request_id)
         return None if seq is None else seq.request.times
 
-    def stats(self) -> dict[str, float]:
-        return {
-            "num_requests_running": self.scheduler.num_running,
-            "num_requests_waiting": self.scheduler.num_waiting,
-            "kv_cache_usage_perc": self.kv.usage(),
-            "num_free_blocks": self.kv.num_free_blocks,
-            "num_usable_blocks": self.kv.num_usable_blocks,
-            "num_preemptions_total": self.scheduler.num_preemptions_total,
-            "prefix_cache_queries_total": self.kv.prefix_queries,
-            "prefix_cache_hits_total": self.kv.prefix_hits,
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total,
-            "num_grammar_matchers": len(self.matchers),
-        }
+    def stats(self) -> EngineStats:
+        """Now's gauges and totals, with the inter-token gaps since the previous call (engine thread)."""
+        gaps, self._inter_token_gaps = self._inter_token_gaps, []
+        return EngineStats(
+            num_requests_running=self.scheduler.num_running,
+            num_requests_waiting=self.scheduler.num_waiting,
+            kv_cache_usage_perc=self.kv.usage(),
+            num_free_blocks=self.kv.num_free_blocks,
+            num_usable_blocks=self.kv.num_usable_blocks,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            prefix_cache_queries_total=self.kv.prefix_queries,
+            prefix_cache_hits_total=self.kv.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            num_grammar_matchers=len(self.matchers),
+            inter_token_gaps=tuple(gaps),
+        )
 
     def recover_from_fault(self, message: str) -> list[RequestOutput]:
         """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""

@@ -41,6 +41,25 @@ class RequestMetrics:
     traceparent: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine's gauges and running totals at one moment (LLMEngine.stats())."""
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage_perc: float
+    num_free_blocks: int
+    num_usable_blocks: int
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_grammar_matchers: int
+    # Gaps between consecutive tokens of a sequence (seconds) since the previous
+    # stats(): each gap is in exactly one EngineStats.
+    inter_token_gaps: tuple[float, ...] = ()
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """Cumulative for LLM.generate; as a stream update, `outputs` carry only the new delta."""

@@ -12,8 +12,7 @@ import logging
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from kvserve.backend.engine import LLMEngine
-from kvserve.backend.outputs import RequestOutput
+from kvserve.backend.outputs import EngineStats, RequestOutput
 from kvserve.observability import semconv as sc
 from kvserve.observability.request_spans import RequestTimeline, record_request_spans
 from kvserve.observability.logging import log_requests_enabled, request_context
@@ -23,10 +22,6 @@ request_log = logging.getLogger("kvserve.backend.requests")
 # the backend's lines of a request carry the same request_id as the gateway's.
 X_REQUEST_ID_PARAM = "x_request_id"
 
-_COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
-             "prefix_cache_queries_total", "prefix_cache_hits_total")
-
-
 def _ns(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1e9)
 
@@ -35,28 +30,26 @@ class EngineTelemetry:
     def __init__(self, metrics, model_name: str) -> None:
         self.metrics = metrics  # observability.metrics_backend.BackendMetrics, or None
         self.model_name = model_name
-        self._last = dict.fromkeys(_COUNTERS, 0)
+        self._last: EngineStats | None = None  # the totals already counted
 
-    def __call__(self, engine: LLMEngine, outputs: list[RequestOutput], started: float) -> None:
-        stats = engine.stats()
+    def __call__(self, stats: EngineStats, outputs: list[RequestOutput], started: float) -> None:
         if self.metrics is not None:
-            self._record_metrics(engine, stats)
+            self._record_metrics(stats)
         for out in outputs:
             if out.finished and out.metrics is not None:
                 self._finished(out)
 
-    def _record_metrics(self, engine: LLMEngine, stats: dict) -> None:
-        m = self.metrics
-        m.on_step(stats["num_requests_running"], stats["num_requests_waiting"], stats["kv_cache_usage_perc"],
-                  stats["num_grammar_matchers"])
-        delta = {k: stats[k] - self._last[k] for k in _COUNTERS}
-        self._last = {k: stats[k] for k in _COUNTERS}
-        m.on_prompt_tokens(delta["prompt_tokens_total"])
-        m.on_generation_tokens(delta["generation_tokens_total"])
-        m.on_preemptions(delta["num_preemptions_total"])
-        m.on_prefix_cache(delta["prefix_cache_queries_total"], delta["prefix_cache_hits_total"])
-        itl, engine.recent_itl = engine.recent_itl, []
-        for gap in itl:
+    def _record_metrics(self, stats: EngineStats) -> None:
+        m, last = self.metrics, self._last
+        self._last = stats
+        m.on_step(stats.num_requests_running, stats.num_requests_waiting, stats.kv_cache_usage_perc,
+                  stats.num_grammar_matchers)
+        m.on_prompt_tokens(stats.prompt_tokens_total - (last.prompt_tokens_total if last else 0))
+        m.on_generation_tokens(stats.generation_tokens_total - (last.generation_tokens_total if last else 0))
+        m.on_preemptions(stats.num_preemptions_total - (last.num_preemptions_total if last else 0))
+        m.on_prefix_cache(stats.prefix_cache_queries_total - (last.prefix_cache_queries_total if last else 0),
+                          stats.prefix_cache_hits_total - (last.prefix_cache_hits_total if last else 0))
+        for gap in stats.inter_token_gaps:
             m.on_token_latency(gap)
 
     def _finished(self, out: RequestOutput) -> None:

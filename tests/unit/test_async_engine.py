@@ -62,3 +62,29 @@ def test_the_timeout_counts_from_arrival(llama_dir):
         assert sum(len(c.token_ids) for o in outs for c in o.outputs) == 0
     finally:
         engine.shutdown()
+
+
+def test_step_listeners_get_frozen_stats_and_each_token_gap_once(llama_dir):
+    """Listeners receive an EngineStats (they no longer reach into the engine); its
+    inter-token gaps are handed on once: n tokens of one request give n - 1 gaps in all."""
+    import dataclasses
+
+    from kvserve.backend.outputs import EngineStats
+
+    seen: list[EngineStats] = []
+    engine = AsyncEngine(EngineConfig(model=llama_dir, max_model_len=128),
+                         [lambda stats, outputs, started: seen.append(stats)])
+    try:
+        done = threading.Event()
+        engine.add_request("r", "Once upon a time", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+                           lambda out: out.finished and done.set())
+        assert done.wait(60)
+        deadline = threading.Event()
+        deadline.wait(0.2)  # the listener of the last step ran
+        assert seen and all(isinstance(s, EngineStats) for s in seen)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            seen[-1].num_requests_running = 3
+        assert sum(len(s.inter_token_gaps) for s in seen) == 5
+        assert seen[-1].generation_tokens_total == 6 and engine.stats().num_requests_running == 0
+    finally:
+        engine.shutdown()

@@ -92,7 +92,7 @@ def test_quarter_budget_64_requests_complete_with_preemptions(llama_dir, engines
     outs = tight.generate(prompts, params)
     assert _tokens(outs) == _tokens(off.generate(prompts, params))
     assert tight.engine.scheduler.num_preemptions_total > 0
-    assert tight.engine.stats()["num_preemptions_total"] == tight.engine.scheduler.num_preemptions_total
+    assert tight.engine.stats().num_preemptions_total == tight.engine.scheduler.num_preemptions_total
 
 
 def test_max_model_len_beyond_the_kv_budget_is_refused(llama_dir):

@@ -181,7 +181,7 @@ def test_async_engine_compiles_off_its_thread_and_bounds_the_time(llama_dir, mon
         while not bad and time.monotonic() < deadline:
             time.sleep(0.05)
         assert bad and bad[-1].error.startswith("structured_outputs: ") and bad[-1].error_kind is ErrorKind.INVALID
-        assert eng.stats()["num_grammar_matchers"] == 0
+        assert eng.stats().num_grammar_matchers == 0
     finally:
         release.set()
         eng.shutdown()
