@@ -97,6 +97,7 @@ def standard_workloads(concurrencies: tuple[int, ...] = (1, 16, 64), scale: floa
 class Settings:
     hf_model: Path  # HF folder: kvserve and vLLM serve it; both clients tokenize with it
     gguf_model: Path  # llama-server serves this file
+    kvserve_model: Path | None = None  # what kvserve serves, when not hf_model (its GGUF loading, say)
     served_name: str = "smollm2"
     threads: int = 2  # compute threads each server may use
     vllm_kvcache_gib: int = 4
@@ -120,7 +121,7 @@ class Command:
 
 def kvserve_server(s: Settings, port: int, kvserve_bin: str) -> Command:
     """kvserve serve with its defaults but the dtype: the whole HTTP + gRPC + engine path."""
-    return Command([kvserve_bin, "serve", "--model", str(s.hf_model), "--host", "127.0.0.1",
+    return Command([kvserve_bin, "serve", "--model", str(s.kvserve_model or s.hf_model), "--host", "127.0.0.1",
                     "--port", str(port), "--served-model-name", s.served_name, "--dtype", s.dtype,
                     "--seed", str(s.seed), *s.kvserve_args])
 

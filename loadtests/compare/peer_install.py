@@ -117,7 +117,9 @@ def llama_server_path(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_
 
 def llama_cmake_commands(src: Path, build: Path, jobs: int) -> list[list[str]]:
     """Configure and build only llama-server, statically linked so the cached
-    binary needs nothing from the build tree; no libcurl (models are local files)."""
+    binary needs nothing from the build tree; no libcurl (models are local
+    files); GGML_NATIVE for this CPU's instructions, as a user building it here
+    would (the cache is this machine's)."""
     return [
         ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
          "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON",

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-model", type=Path, required=True,
                    help="Hugging Face folder that kvserve and vLLM serve and both clients tokenize with")
     p.add_argument("--gguf", type=Path, default=None, help="GGUF file llama-server serves (needed for llama.cpp)")
+    p.add_argument("--kvserve-model", type=Path, default=None,
+                   help="what kvserve serve --model gets (default: --hf-model; a GGUF file once kvserve loads them)")
     p.add_argument("--servers", type=_csv(SERVERS), default=SERVERS, help="comma-separated, run in this order")
     p.add_argument("--clients", type=_csv(CLIENTS), default=CLIENTS, help="comma-separated")
     p.add_argument("--concurrency", type=_ints, default=(1, 16, 64), help="random-256-128 at each of these")
@@ -98,6 +100,8 @@ def validate(args: argparse.Namespace) -> list[Workload]:
         raise ValueError(f"--hf-model {args.hf_model}: not a Hugging Face folder (no config.json)")
     if "llama.cpp" in args.servers and (args.gguf is None or not args.gguf.is_file()):
         raise ValueError("llama.cpp needs --gguf FILE (or leave it out of --servers)")
+    if args.kvserve_model is not None and not args.kvserve_model.exists():
+        raise ValueError(f"--kvserve-model {args.kvserve_model}: no such file or folder")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.num_warmups is not None and args.num_warmups < 0:
@@ -122,6 +126,7 @@ def validate(args: argparse.Namespace) -> list[Workload]:
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         hf_model=args.hf_model.resolve(), gguf_model=(args.gguf or Path("")).resolve(),
+        kvserve_model=args.kvserve_model.resolve() if args.kvserve_model else None,
         served_name=args.served_model_name, threads=args.threads, vllm_kvcache_gib=args.vllm_kvcache_gib,
         vllm_omp_bind=args.vllm_omp_threads_bind, vllm_reserved_cpus=args.vllm_reserved_cpus,
         llama_ctx_per_slot=args.llama_ctx_per_slot, seed=args.seed, kvserve_args=tuple(args.kvserve_arg),

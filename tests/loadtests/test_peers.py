@@ -80,6 +80,8 @@ def test_kvserve_server_and_extra_args():
     argv = kvserve_server(s, 7000, "/v/bin/kvserve").argv
     assert argv[:2] == ["/v/bin/kvserve", "serve"] and argv[-2:] == ["--max-num-seqs", "64"]
     assert _flag(argv, "--dtype") == "float32" and _flag(argv, "--served-model-name") == "smol"
+    gguf = Settings(S.hf_model, S.gguf_model, kvserve_model=Path("/m/k.gguf"))
+    assert _flag(kvserve_server(gguf, 7000, "k").argv, "--model") == "/m/k.gguf"
     with pytest.raises(ValueError, match="unknown server"):
         server_command("tgi", S, 1, kvserve_bin="k", vllm=INST, llama_bin=None, parallel=1)
 
@@ -211,6 +213,8 @@ def test_cli_refuses_bad_setups_before_starting_anything(tmp_path, capsys):
     assert peers.main(["--hf-model", str(hf), "--servers", "kvserve", "--vllm-kvcache-gib", "0"]) == 2
     assert peers.main(["--hf-model", str(hf), "--servers", "kvserve", "--llama-ctx-per-slot", "256"]) == 2
     assert "below the longest" in capsys.readouterr().err
+    assert peers.main(["--hf-model", str(hf), "--servers", "kvserve", "--kvserve-model", str(tmp_path / "x")]) == 2
+    assert "--kvserve-model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         peers.main(["--hf-model", str(hf), "--servers", "kvserve,tgi"])
 
