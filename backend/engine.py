@@ -174,7 +174,7 @@ class LLMEngine:
         accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
-            if self.matchers.accept(seq.request.request_id, tok.token_id):
+            if tok.token_id >= 0 and self.matchers.accept(seq.request.request_id, tok.token_id):
                 accepted.append((seq, tok))
             else:
                 refused.append(seq.parent_id)  # the grammar allowed nothing (e.g. min_tokens banned its end)

@@ -29,6 +29,9 @@ class SamplingRow:
     eos_ids: frozenset[int]
 
 
+NO_TOKEN = -1  # a constrained row where nothing was allowed
+
+
 @dataclass(slots=True)
 class SampledToken:
     token_id: int
@@ -95,7 +98,9 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
                  constrain: Callable[[torch.Tensor], None] | None = None) -> list[SampledToken]:
-        """`constrain` masks disallowed tokens to -inf in place (structured outputs), first."""
+        """`constrain` masks disallowed tokens to -inf in place (structured outputs), first. A
+        constrained row left with no allowed token (the grammar's end banned by min_tokens, say)
+        gets NO_TOKEN instead of an arbitrary argmax over -inf."""
         logits = logits.float()
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in rows):
@@ -123,6 +128,8 @@ class Sampler:
                 noise = torch.where(unseeded[:, None], fresh, noise)
             sampled = (probs / noise).argmax(dim=-1)
             token_ids = torch.where(greedy, token_ids, sampled)
+        if constrain is not None:
+            token_ids = torch.where(torch.isinf(logits).all(dim=-1), NO_TOKEN, token_ids)
         return self._package(token_ids.tolist(), raw_logprobs, rows)
 
     @staticmethod
@@ -151,5 +158,5 @@ class Sampler:
             if r.params.logprobs > 0:
                 values, ids = row.topk(r.params.logprobs)
                 top = list(zip(ids.tolist(), values.tolist()))
-            out.append(SampledToken(token_id, float(row[token_id]), top))
+            out.append(SampledToken(token_id, float(row[token_id]) if token_id >= 0 else None, top))
         return out

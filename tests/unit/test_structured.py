@@ -198,3 +198,16 @@ def test_an_engine_without_constrained_requests_never_loads_xgrammar(llama_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_constraint_that_allows_no_token_fails_the_request_naming_the_field(llm):
+    # After "a" the grammar allows only the end, which min_tokens bans: no token is left.
+    eng = llm.engine
+    eng.add_request("stuck", "Hi", _params(temperature=0, min_tokens=5, structured_outputs={"choice": ["a"]}))
+    outs = []
+    while eng.has_unfinished():
+        outs.extend(eng.step())
+    final = outs[-1]
+    assert final.finished and final.error_param == "structured_outputs"
+    assert final.error.startswith("structured_outputs: the constraint allowed no token")
+    assert len(eng.matchers) == 0 and eng.kv.num_free_blocks == eng.kv.num_usable_blocks
