@@ -138,12 +138,14 @@ def test_regex_choice_and_json_object_on_chat_and_completions(client, model):
     assert re.fullmatch(r"ok|fine[0-9]", r.choices[0].text)
 
 
-def _joined_stream(client, model, **kw):
+def _joined_stream(client, model, content: list | None = None, **kw):
     calls: dict[int, dict] = {}
     finish = None
     for chunk in client.chat.completions.create(model=model, stream=True, **kw):
         for c in chunk.choices:
             finish = c.finish_reason or finish
+            if content is not None and c.delta.content:
+                content.append(c.delta.content)
             for d in c.delta.tool_calls or []:
                 slot = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
                 if d.id:
@@ -172,6 +174,21 @@ def test_forced_tool_calls_validate_and_stream_the_same(client, model, choice):
     assert [(c["name"], c["arguments"]) for c in calls] == [(c.function.name, c.function.arguments)
                                                             for c in msg.tool_calls]
     assert all(c["id"] and c["id"].startswith("call_") for c in calls)
+
+
+def test_auto_tool_choice_streams_content_and_calls_as_the_whole_response(client, model):
+    # The model decides; whatever it writes, the stream must carry the same content and calls.
+    kw = dict(messages=[{"role": "system", "content": "Use the tools when they help."}] + ASK, tools=TOOLS,
+              tool_choice="auto", max_tokens=60, temperature=0)
+    content: list[str] = []
+    whole, (calls, finish) = _parallel(lambda stream: _joined_stream(client, model, content, **kw) if stream
+                                       else client.chat.completions.create(model=model, **kw), [False, True])
+    msg = whole.choices[0].message
+    assert "".join(content) == (msg.content or "")
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.function.name, c.function.arguments)
+                                                            for c in msg.tool_calls or []]
+    assert finish == whole.choices[0].finish_reason
+    assert (finish == "tool_calls") == bool(calls) or finish == "length"
 
 
 def test_parallel_tool_calls_false_gives_one_call(client, model):
