@@ -3,35 +3,49 @@
 `TorchOps` is the CPU path (and the reference); `TritonOps` routes the same
 calls through the Triton kernels in `kvserve.kernels`. The model calls only
 these, so choosing a backend never touches the model code.
+
+Every layer of a step passes the same metadata, slot mapping and positions, so
+`TorchOps` derives what it needs from them once per step (attention's slot ids
+and masks, the valid slots, the rotary angles) and reuses it in every layer:
+it keeps the last step's plans and recognises the step by tensor identity.
 """
 from __future__ import annotations
 
 import torch
 
-from kvserve.kernels.kv_cache_store import store_kv_cache_torch
-from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
+from kvserve.kernels.cpu_paged_attention import KVStorePlan, PagedAttentionPlan
 from kvserve.kernels.rms_norm import rms_norm_torch
-from kvserve.kernels.rotary import rotary_embedding_torch
+from kvserve.kernels.rotary import rotary_embedding_torch, rotate_torch
 
 
 class TorchOps:
     name = "torch"
 
+    def __init__(self) -> None:
+        self._attention: tuple[object, PagedAttentionPlan] | None = None
+        self._store: tuple[torch.Tensor, KVStorePlan] | None = None
+        self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        store_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping)
+        if self._store is None or self._store[0] is not slot_mapping:
+            self._store = (slot_mapping, KVStorePlan(slot_mapping))
+        self._store[1].store(key, value, key_cache, value_cache)
 
     def attention(self, query, key_cache, value_cache, meta, scale: float) -> torch.Tensor:
-        if meta.decode_only:
-            return paged_decode_attention_torch(query, key_cache, value_cache, meta.block_tables,
-                                                meta.seq_lens, scale)
-        return paged_prefill_attention_torch(query, key_cache, value_cache, meta.block_tables,
-                                             meta.seq_lens, meta.query_start_loc, scale)
+        if self._attention is None or self._attention[0] is not meta:
+            self._attention = (meta, PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                                        key_cache.shape[1], meta.decode_only))
+        return self._attention[1].run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):
         return rms_norm_torch(x, weight, eps, residual)
 
     def rotary(self, positions, query, key, cos_sin_cache, is_neox: bool) -> None:
-        rotary_embedding_torch(positions, query, key, cos_sin_cache, is_neox)
+        r = self._rotary
+        if r is None or r[0] is not positions or r[1] is not cos_sin_cache:
+            cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
+            r = self._rotary = (positions, cos_sin_cache, cos[:, None, :], sin[:, None, :])
+        rotate_torch(query, key, r[2], r[3], is_neox)
 
 
 def select_ops(attention_backend: str, device: torch.device):

@@ -22,9 +22,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
 def rotary_embedding_torch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                            cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     """query [T, Hq, D], key [T, Hkv, D], positions [T]; rotates the first rotary_dim dims in place."""
-    rotary_dim = cos_sin_cache.shape[1]
     cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
+    rotate_torch(query, key, cos[:, None, :], sin[:, None, :], is_neox)
+
+
+def rotate_torch(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 is_neox: bool = True) -> None:
+    """The rotation of `rotary_embedding_torch` with the angles already looked up: cos/sin [T, 1, rotary_dim / 2]."""
+    rotary_dim = 2 * cos.shape[-1]
     for x in (query, key):
         rot = x[..., :rotary_dim]
         rot.copy_(_rotate(rot.float(), cos, sin, is_neox).to(x.dtype))

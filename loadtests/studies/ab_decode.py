@@ -1,0 +1,95 @@
+"""A/B of decode-step time in one process: two ways of running the same engine, alternated.
+
+    .venv/bin/python loadtests/studies/ab_decode.py --model DIR --batch 16 --context 512 --pairs 8
+
+B token prompts of `--context` tokens are prefilled, then blocks of `--steps`
+decode steps alternate between variant A and variant B (ABAB..., or BABA... on
+odd pairs, so a drift in machine load falls on both). Prints each pair's
+B/A time ratio and their median, min and max: on a shared machine only the
+ratios mean anything. Variants (`--a`, `--b`):
+
+- `ref`: the CPU ops as they were (the torch references, every layer derives its own indices)
+- `cur`: the engine's own ops (`TorchOps` with its per-step plans)
+
+One-off measurement, not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from kvserve.backend import LLM, SamplingParams
+from kvserve.kernels.kv_cache_store import store_kv_cache_torch
+from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
+from kvserve.kernels.rms_norm import rms_norm_torch
+from kvserve.kernels.rotary import rotary_embedding_torch
+
+
+class ReferenceOps:
+    """The CPU path before per-step plans: each call derives everything from the metadata again."""
+    name = "ref"
+
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        store_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping)
+
+    def attention(self, query, key_cache, value_cache, meta, scale):
+        if meta.decode_only:
+            return paged_decode_attention_torch(query, key_cache, value_cache, meta.block_tables, meta.seq_lens, scale)
+        return paged_prefill_attention_torch(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, scale)
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        return rms_norm_torch(x, weight, eps, residual)
+
+    def rotary(self, positions, query, key, cos_sin_cache, is_neox):
+        rotary_embedding_torch(positions, query, key, cos_sin_cache, is_neox)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--steps", type=int, default=4, help="decode steps per block")
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--a", default="ref", choices=("ref", "cur"))
+    p.add_argument("--b", default="cur", choices=("ref", "cur"))
+    p.add_argument("--threads", type=int, default=None, help="engine num_threads (default: torch's)")
+    args = p.parse_args()
+    llm = LLM(model=args.model, dtype="float32", max_num_seqs=args.batch, num_threads=args.threads)
+    engine = llm.engine
+    variants = {"ref": ReferenceOps(), "cur": engine.runner.ops}
+    rng = random.Random(0)
+    total_steps = 2 * args.pairs * args.steps + 4
+    params = SamplingParams(max_tokens=total_steps + 4, temperature=0, ignore_eos=True)
+    for i in range(args.batch):
+        engine.add_request(f"r{i}", [rng.randrange(100, 20000) for _ in range(args.context)], params)
+    while any(len(s.request.output_token_ids) < 2 for s in engine.sequences.values()):
+        engine.step()
+
+    def block(name: str) -> float:
+        engine.runner.ops = variants[name]
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        return (time.perf_counter() - t0) / args.steps
+
+    ratios, times = [], {args.a: [], args.b: []}
+    for i in range(args.pairs):
+        order = (args.a, args.b) if i % 2 == 0 else (args.b, args.a)
+        t = {name: block(name) for name in order}
+        times[args.a].append(t[args.a])
+        times[args.b].append(t[args.b])
+        ratios.append(t[args.b] / t[args.a])
+        print(f"pair {i}: {args.a} {t[args.a] * 1e3:7.1f} ms  {args.b} {t[args.b] * 1e3:7.1f} ms  "
+              f"{args.b}/{args.a} {ratios[-1]:.3f}", flush=True)
+    print(f"batch {args.batch} context {args.context}: {args.b}/{args.a} step time median "
+          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, {args.pairs} pairs); "
+          f"median ms {args.a} {statistics.median(times[args.a]) * 1e3:.1f}, "
+          f"{args.b} {statistics.median(times[args.b]) * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    main()

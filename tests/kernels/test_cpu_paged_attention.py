@@ -1,0 +1,72 @@
+"""The CPU path's per-step plans give bitwise the references' results, layer after layer, step after step."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from kernel_test_inputs import make_paged_kv
+
+from kvserve.backend.ops import TorchOps
+from kvserve.kernels.kv_cache_store import store_kv_cache_torch
+from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
+from kvserve.kernels.rotary import rotary_embedding_torch
+
+
+def _meta(kv, query_lens):
+    starts = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return SimpleNamespace(decode_only=max(query_lens) == 1, block_tables=kv.block_tables, seq_lens=kv.seq_lens,
+                           query_start_loc=starts, max_seq_len=int(kv.seq_lens.max()),
+                           max_query_len=max(query_lens))
+
+
+def _reference(query, kv, meta):
+    if meta.decode_only:
+        return paged_decode_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.125)
+    return paged_prefill_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens,
+                                         meta.query_start_loc, 0.125)
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [20, 1, 5, 1], [1, 33, 1, 1], [7, 3, 2, 40]])
+def test_attention_equals_reference_across_layers_and_steps(query_lens):
+    gen = torch.Generator().manual_seed(len(query_lens) + sum(query_lens))
+    ops = TorchOps()
+    # Two "steps" with other lengths and tables: the second must not reuse the first's plan.
+    for step, seq_lens in enumerate(([37, 5, 300, 40], [64, 17, 2, 129])):
+        seq_lens = [max(s, q) for s, q in zip(seq_lens, query_lens)]
+        kv = make_paged_kv(seq_lens, 3, 64, 16, torch.float32, torch.device("cpu"), gen)
+        meta = _meta(kv, query_lens)
+        for layer in range(3):  # every layer of a step shares the plan; its K/V and queries differ
+            query = torch.randn(sum(query_lens), 9, 64, generator=gen)
+            kv = kv._replace(key_cache=kv.key_cache + layer, value_cache=kv.value_cache * (layer + 1))
+            got = ops.attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
+            assert torch.equal(got, _reference(query, kv, meta)), (step, layer)
+
+
+def test_store_kv_equals_reference_with_skipped_slots():
+    gen = torch.Generator().manual_seed(3)
+    ops = TorchOps()
+    for slots in ([3, -1, 0, 9, 15, 4], [1, 2, 5, 6, 7, 8], [-1] * 6):
+        slots = torch.tensor(slots, dtype=torch.int64)
+        for _ in range(2):
+            key, value = torch.randn(2, 6, 2, 64, generator=gen)
+            got = [torch.zeros(2, 8, 2, 64) for _ in range(2)]
+            want = [torch.zeros(2, 8, 2, 64) for _ in range(2)]
+            ops.store_kv(key, value, *got, slots)
+            store_kv_cache_torch(key, value, *want, slots)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_equals_reference_when_positions_change(is_neox):
+    gen = torch.Generator().manual_seed(4)
+    ops = TorchOps()
+    cos_sin = torch.randn(64, 32, generator=gen)  # rotary_dim 32 of head size 64
+    for positions in ([0, 5, 17, 2], [9, 9, 63, 1]):
+        positions = torch.tensor(positions)
+        for _ in range(2):
+            q, k = torch.randn(4, 6, 64, generator=gen), torch.randn(4, 2, 64, generator=gen)
+            q2, k2 = q.clone(), k.clone()
+            ops.rotary(positions, q, k, cos_sin, is_neox)
+            rotary_embedding_torch(positions, q2, k2, cos_sin, is_neox)
+            assert torch.equal(q, q2) and torch.equal(k, k2)
