@@ -15,6 +15,7 @@ from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_QUANTIZATION = ("none", "int8", "int4")  # = models/quantize.py's modes (that module needs torch)
 _DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
 
 
@@ -44,6 +45,9 @@ class EngineConfig:
     # CUDA only: decode steps replay CUDA graphs captured at start-up unless this is set
     # (vLLM's --enforce-eager); see backend/cuda_graphs.py. CPU runs are eager regardless.
     enforce_eager: bool = False
+    # Weight-only quantization of the linear layers on CPU (models/quantize.py): int8 per
+    # channel or int4 in groups of 32; activations run in bfloat16 through those layers.
+    quantization: str = "none"
     seed: int = 0
     num_threads: int | None = None  # CPU threads for the engine's torch ops; None: torch's default
     # CPU cores the engine leaves to the serving path and the OS (vLLM's
@@ -66,6 +70,8 @@ class EngineConfig:
         if self.attention_backend not in _ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend: must be one of {_ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.quantization not in _QUANTIZATION:
+            raise ValueError(f"quantization: must be one of {_QUANTIZATION}, got {self.quantization!r}")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size: must be a power of two in [1, 128], got {self.block_size}")
         _positive("max_num_seqs", self.max_num_seqs)

@@ -89,6 +89,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--enforce-eager", "CUDA: run decode steps eagerly instead of replaying CUDA graphs captured at "
                "start-up", None),
+    EngineFlag("--quantization", "weight-only quantization of the linear layers (CPU): int8 per channel, "
+               "int4 in groups of 32", choices=("none", "int8", "int4")),
     EngineFlag("--max-waiting-requests", "queue limit; beyond it requests get 503", non_negative_int),
     EngineFlag("--otlp-traces-endpoint", "OTLP endpoint for traces (gateway and engine)"),
     EngineFlag("--log-format", "log line format (gateway and engine)", choices=("json", "console")),

@@ -68,6 +68,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
+        # A replacement for the logits matmul over `lm_head` (or the tied embedding), set by
+        # models/quantize.py; parameters and loaders are unchanged by it.
+        self.logits_proj: nn.Module | None = None
         self.scale = cfg.head_dim ** -0.5
         self.register_buffer("cos_sin_cache",
                              build_cos_sin_cache(cfg.head_dim, cfg.rope_theta, max_position, cfg.rope_scaling),
@@ -82,5 +85,7 @@ class LlamaForCausalLM(nn.Module):
         # Only the rows that sample need the final norm and the (large) vocabulary projection.
         x, residual = x[logits_indices], residual[logits_indices]
         h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        if self.logits_proj is not None:
+            return self.logits_proj(h).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
         return F.linear(h, weight).float()

@@ -1,0 +1,103 @@
+"""Weight-only quantization on the CPU through torch's own kernels (`--quantization int8|int4`).
+
+A decode step reads every weight once, so at small batches its time is the
+weights' bytes over the memory bandwidth: int8 weights are a quarter of fp32's
+bytes and int4 an eighth. Applied after loading, whatever the loader (the
+linear layers and the logits projection are replaced; the embedding table
+stays as loaded, since a step reads only the rows of its tokens).
+
+- int8: symmetric, one scale per output channel; `aten._weight_int8pack_mm`.
+- int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
+  size), the tinygemm convention w = (q - 8) * scale + zero;
+  `aten._weight_int4pack_mm_for_cpu`.
+
+Both kernels are fast only with bfloat16 activations (with float32 ones torch
+falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
+to bfloat16 at each quantized layer and the result cast back: that rounding is
+part of the modes' accuracy cost (loadtests/quant_accuracy.py measures it).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QUANTIZATION_MODES = ("none", "int8", "int4")
+INT4_GROUP_SIZE = 32
+_ACT_DTYPE = torch.bfloat16
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        # Round with the scale the kernel will use (it takes bfloat16 scales).
+        scale = scale.to(_ACT_DTYPE)
+        self.register_buffer("weight", (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.out_features, self.in_features = weight.shape
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.weight,
+                                               self.scales)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE) -> None:
+        super().__init__()
+        out_features, in_features = weight.shape
+        if in_features % group_size:
+            raise ValueError(f"quantization: int4 needs input sizes divisible by {group_size}, "
+                             f"a layer has {in_features}")
+        w = weight.detach().float().view(out_features, in_features // group_size, group_size)
+        lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp(min=1e-8).to(_ACT_DTYPE).float()
+        zero = (lo + 8 * scale).to(_ACT_DTYPE).float()
+        # Codes from the rounded scale and zero: q = (w - zero) / scale + 8.
+        q = ((w - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).view(out_features, in_features)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        # [in / group, out, 2]: (scale, zero) of each group, as the kernel takes them.
+        scales_and_zeros = torch.stack((scale.squeeze(-1), zero.squeeze(-1)), dim=-1).transpose(0, 1)
+        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous().to(_ACT_DTYPE))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.group_size = group_size
+        self.out_features, self.in_features = out_features, in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.packed,
+                                                       self.group_size, self.scales_and_zeros)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def _quantized(mode: str, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    return Int8Linear(weight, bias) if mode == "int8" else Int4Linear(weight, bias)
+
+
+def quantize_model(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
+    """Replace the decoder's linear layers and its logits projection with `mode`'s; returns the model."""
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization: must be one of {QUANTIZATION_MODES}, got {mode!r}")
+    if mode == "none":
+        return model
+    if device.type != "cpu":
+        raise ValueError(f"quantization: {mode!r} uses torch's CPU kernels; it is not available on {device.type}")
+    with torch.no_grad():
+        for layer in model.layers:
+            for name in _LINEARS:
+                linear = getattr(layer, name)
+                setattr(layer, name, _quantized(mode, linear.weight, linear.bias))
+        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head
+        model.logits_proj = _quantized(mode, weight, None)
+        if model.lm_head is not None:  # untied: the float copy is never read again
+            model.lm_head = None
+    return model
