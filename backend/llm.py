@@ -6,6 +6,7 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from kvserve.backend.config import EngineConfig
+from kvserve.backend.models.fetch import resolve_model_arg
 from kvserve.backend.engine import LLMEngine
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
@@ -19,7 +20,8 @@ class LLM:
         unknown = sorted(set(engine_args) - known)
         if unknown:
             raise TypeError(f"LLM() got unknown engine argument {unknown[0]!r}")
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        # A known model's name ("SmolLM2-135M-Instruct") is fetched into the cache on first use.
+        self.engine = LLMEngine(EngineConfig(model=resolve_model_arg(model), **engine_args))
         self._ids = itertools.count()
 
     def get_tokenizer(self):

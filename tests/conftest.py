@@ -41,3 +41,10 @@ def llama_dir() -> str:
 @pytest.fixture(scope="session")
 def qwen2_dir() -> str:
     return tiny_model("qwen2")
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> str:
+    """SmolLM2-135M-Instruct's GGUF file, fetched once into kvserve's cache (the default model)."""
+    from kvserve.backend.models.fetch import DEFAULT_CHAT_MODEL, ensure_known_model
+    return str(ensure_known_model(DEFAULT_CHAT_MODEL))

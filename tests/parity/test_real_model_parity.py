@@ -1,41 +1,104 @@
-"""Greedy tokens of the engine equal transformers' on a real checkpoint (SmolLM2-135M-Instruct, float32).
-
-The tiny random models of test_hf_parity.py have no near-ties worth the name;
-a trained model's logits do, so this is where a change of arithmetic order
-(fused ops, a compiled forward, another attention kernel) would show. Runs when
-the folder exists: KVSERVE_REAL_MODEL, default /tmp/smollm2-hf.
-"""
+"""On the real default model (SmolLM2-135M-Instruct, GGUF Q4_1 dequantized to float32): kvserve's
+greedy tokens equal transformers' (loading the same GGUF with `gguf_file=`) for 16 chat prompts x
+64 new tokens, plain, with chunked prefill, with prefix-cache hits and under preemption; and the
+loaded tensors equal transformers' exactly."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvserve.backend import LLM, SamplingParams
-from tests.parity.hf_reference import hf_greedy
+from kvserve.frontend.chat_template import render_chat
+from tests.models.test_gguf_types import _ours_as_hf
 
-REAL_MODEL = os.environ.get("KVSERVE_REAL_MODEL", "/tmp/smollm2-hf")
-MAX_NEW = 24
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a short poem about the sea.",
-    "def fibonacci(n):",
-    "The three laws of thermodynamics are",
+# transformers generates the reference one prompt at a time: about a minute here on a quiet machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+MAX_NEW = 64
+SYSTEM = ("You are a careful assistant for a team that runs a large web service. Answer in plain English, "
+          "in two or three sentences, and say when you are not sure.")
+QUESTIONS = [
+    "What is the capital of France?", "Explain what a hash table is.", "Give me three tips for sleeping better.",
+    "Why is the sky blue?", "Write a haiku about autumn.", "What does a CPU cache do?",
+    "How do I boil an egg?", "Translate 'good morning' into Spanish and German.", "What is 17 times 23?",
+    "Name the planets of the solar system.", "What is photosynthesis?", "Summarise the plot of Cinderella.",
+    "How does paging work in an operating system?", "What are the primary colours?",
+    "Tell me a fun fact about octopuses.", "What should I pack for a weekend hike?",
 ]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(1800),  # transformers one prompt at a time on a shared 2-core machine
-    pytest.mark.skipif(not (Path(REAL_MODEL) / "config.json").is_file(), reason=f"no model folder at {REAL_MODEL}"),
-]
+
+@pytest.fixture(scope="module")
+def prompts(real_model_path: str) -> list[list[int]]:
+    from kvserve.backend.models.gguf_checkpoint import field_value, open_gguf
+    from kvserve.backend.tokenizer import ModelTokenizer
+    template = field_value(open_gguf(real_model_path), "tokenizer.chat_template")
+    tok = ModelTokenizer(real_model_path)
+    texts = [render_chat(template, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+             for q in QUESTIONS]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
-def test_real_model_batched_greedy_matches_transformers():
-    llm = LLM(model=REAL_MODEL, dtype="float32", max_num_seqs=8)
-    tok = llm.get_tokenizer()
-    # One long prompt (a few blocks of context) beside the short ones.
-    prompts = [tok.encode(p) for p in PROMPTS] + [tok.encode(" ".join(PROMPTS) * 3)]
+@pytest.fixture(scope="module")
+def hf_model(real_model_path: str):
+    from transformers import AutoModelForCausalLM
+    path = Path(real_model_path)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.generation_config.eos_token_id = None  # full lengths: the engine runs with ignore_eos
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model, prompts) -> list[list[int]]:
+    outs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
+                                  min_new_tokens=MAX_NEW, do_sample=False)
+            outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+def _greedy(model: str, prompts, **engine_args) -> tuple[list[list[int]], LLM]:
+    llm = LLM(model=model, dtype="float32", **engine_args)
     outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
-    ours = [o.outputs[0].token_ids for o in outs]
-    assert ours == hf_greedy(REAL_MODEL, prompts, MAX_NEW)
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+def test_tensors_equal_transformers(real_model_path: str, hf_model) -> None:
+    llm = LLM(model=real_model_path, dtype="float32", max_num_seqs=1)
+    theirs = hf_model.state_dict()
+    for name, tensor in _ours_as_hf(llm).items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def test_plain(real_model_path, prompts, reference) -> None:
+    ours, llm = _greedy(real_model_path, prompts, max_num_seqs=16)
+    assert ours == reference
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks
+
+
+def test_chunked_prefill(real_model_path, prompts, reference) -> None:
+    longest = max(len(p) for p in prompts)
+    ours, _ = _greedy(real_model_path, prompts, max_num_seqs=16, max_num_batched_tokens=longest // 3)
+    assert ours == reference
+
+
+def test_prefix_cache_hits(real_model_path, prompts, reference) -> None:
+    llm = LLM(model=real_model_path, dtype="float32", max_num_seqs=16, enable_prefix_caching=True)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    first = llm.generate(prompts[:1], params)  # caches the shared system prompt's blocks
+    rest = llm.generate(prompts[1:], params)
+    assert [o.outputs[0].token_ids for o in first + rest] == reference
+    assert llm.engine.kv.prefix_hits > 0
+
+
+def test_preemption(real_model_path, prompts, reference) -> None:
+    need = max(len(p) for p in prompts) + MAX_NEW
+    blocks = -(-need // 16) * 3 + 1  # room for about three requests of the sixteen at once
+    ours, llm = _greedy(real_model_path, prompts, max_num_seqs=16, num_kv_blocks=blocks, block_size=16)
+    assert llm.engine.scheduler.num_preemptions_total > 0
+    assert ours == reference
