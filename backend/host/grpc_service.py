@@ -23,6 +23,7 @@ from .pb_utils.errors import TritonError
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository, parse_version
 from .request_handle import Delivery, RequestHandle
+from .raw_requests import DecodeError, parse_message
 from .request_parse import parse_request_async
 
 SERVER_NAME = "triton"
@@ -90,8 +91,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                   for n, v, s, r in self._repo.index() if not request.ready or s == "READY"]
         return pb.RepositoryIndexResponse(models=models)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        try:
+            request = await parse_message(data)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ModelInferRequest")
         runtime = await self._lookup(request.model_name, request.model_version, context)
         try:
             if runtime.decoupled:
@@ -138,7 +142,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         assert result.response is not None
         return result.response
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[bytes],
                                context: grpc.aio.ServicerContext) -> None:
         await StreamSession(self._repo, self._metrics, request_iterator, context).run()
 

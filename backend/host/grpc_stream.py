@@ -25,9 +25,11 @@ from tritonclient.grpc import service_pb2 as pb
 from .errors import InferError
 from .loop_handoff import handoff_for
 from .metrics import HostMetrics
+from .pb_utils.errors import TritonError
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository
 from .request_handle import Delivery, RequestHandle
+from .raw_requests import DecodeError, parse_message
 from .request_parse import parse_request_async
 
 _LOG = logging.getLogger("kvserve.host")
@@ -51,7 +53,7 @@ class _Entry:
 
 class StreamSession:
     def __init__(self, repository: ModelRepository, metrics: HostMetrics,
-                 request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext) -> None:
+                 request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         self._repo = repository
         self._metrics = metrics
         self._requests = request_iterator
@@ -81,7 +83,13 @@ class StreamSession:
 
     async def _read(self) -> None:
         try:
-            async for request in self._requests:
+            async for data in self._requests:
+                try:
+                    request = await parse_message(data)
+                except DecodeError:
+                    self._issue_error(pb.ModelInferRequest(), InferError(TritonError.INVALID_ARG,
+                                                                         "malformed ModelInferRequest"), None)
+                    continue
                 await self._start(request)  # one at a time: non-decoupled answers keep request order
         except asyncio.CancelledError:
             raise

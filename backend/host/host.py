@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass, field
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from .grpc_service import InferenceServicer
 from .http_endpoints import HttpEndpoints
+from .raw_requests import add_servicer
 from .metrics import REGISTRY, HostMetrics
 from .pb_utils.host_hooks import set_model_ready_hook
 from .repository import ModelRepository
@@ -101,7 +101,7 @@ async def start_host(
 
     servicer = InferenceServicer(repo, metrics, strict_readiness=strict_readiness)
     server = grpc.aio.server(options=_grpc_options())
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    add_servicer(servicer, server)  # ModelInfer/ModelStreamInfer parse their requests off the loop
     try:
         bound = server.add_insecure_port(f"{host}:{grpc_port}")
     except RuntimeError:  # newer grpcio raises where older ones returned 0
