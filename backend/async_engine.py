@@ -1,7 +1,6 @@
 """AsyncEngine: the LLMEngine on its own thread, fed through a thread-safe inbox.
 
-Callers on any thread add requests with a callback (model.py) or iterate an
-async stream (`generate`). Adds and aborts are applied by the engine thread
+Callers on any thread add requests with a callback (model.py). Adds and aborts are applied by the engine thread
 between steps, so an abort frees the request's blocks before the next step.
 
 A request is admitted (`admission.admit`: tokenized and checked) before it
@@ -23,13 +22,12 @@ for FAULT_UNHEALTHY_S after each failure, so readiness probes see the fault.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,7 +38,7 @@ from kvserve.backend.outputs import CompletionOutput, EngineStats, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.stop_matcher import stop_automaton
 from kvserve.backend.structured.compiler import CompileJob
-from kvserve.backend.tokenizer import LONG_TEXT_CHARS
+from kvserve.backend.engine_tokenizer import LONG_TEXT_CHARS
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 
@@ -216,23 +214,6 @@ class AsyncEngine:
             if request_id in self._pending:
                 self._pending[request_id] = True
         self._inbox.put(_Abort(request_id))
-
-    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                       traceparent: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream of deltas; leaving the loop early (or cancellation) aborts the request."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.add_request(request_id, prompt, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out),
-                         traceparent)
-        finished = False
-        try:
-            while not finished:
-                out = await q.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._closed = True

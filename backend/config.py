@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,6 @@ class EngineConfig:
     # Debug aid: log when each request is first scheduled and when it is aborted or
     # failed (reliability tests prove from it that a request dropped while queued never ran).
     log_scheduling: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -105,14 +104,14 @@ class EngineConfig:
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
         """Build from string values (config.pbtxt parameters, environment variables)."""
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name not in values or f.name == "extra":
+            if f.name not in values:
                 continue
             kwargs[f.name] = _parse_value(f.name, str(f.type), values[f.name])
         return cls(**kwargs)

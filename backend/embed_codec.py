@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvserve.backend.embedder import Embedder
-from kvserve.backend.triton_codec import _as_text, _first_scalar
+from kvserve.backend.model_tensors import _as_text, _first_scalar
 from kvserve.seam import embed_tensors as T
 from kvserve.seam.tensors import TRACEPARENT_PARAM
 from kvserve.seam.error_wire import invalid

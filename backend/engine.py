@@ -24,7 +24,7 @@ from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.scheduler import Scheduler
 from kvserve.backend.structured.compiler import GrammarCompiler
 from kvserve.backend.structured.matchers import GrammarMatchers
-from kvserve.backend.tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import ModelTokenizer
 from kvserve.seam.error_wire import ErrorKind, invalid
 
 log = logging.getLogger("kvserve.engine")
@@ -307,10 +307,6 @@ class LLMEngine:
         self.groups.pop(group.request_id, None)
 
     # ---- introspection for metrics, tests and the async wrapper ------------------------------
-    def request_times(self, request_id: str):
-        seq = self.sequences.get(request_id)
-        return None if seq is None else seq.request.times
-
     def stats(self) -> EngineStats:
         """Now's gauges and totals, with the inter-token gaps since the previous call (engine thread)."""
         gaps, self._inter_token_gaps = self._inter_token_gaps, []

@@ -26,7 +26,7 @@ from kvserve.backend.config import EngineConfig, env_overrides
 from kvserve.backend.models.fetch import DEFAULT_CHAT_MODEL, resolve_model_arg
 from kvserve.backend.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.telemetry import EngineTelemetry, RequestLog
-from kvserve.backend.triton_codec import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
+from kvserve.backend.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
                                           parse_request)
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend import fields as F
-from kvserve.frontend.errors import bad_request, not_supported
+from kvserve.frontend.api_errors import bad_request, not_supported
 # The engine's limits: the gateway checks them first, to answer in the client's field names.
 from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
 from kvserve.frontend.structured_request import FIELD as CONSTRAINT_FIELD

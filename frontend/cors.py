@@ -16,7 +16,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from kvserve.frontend.cors_policy import ANY, CorsPolicy
-from kvserve.frontend.errors import ApiError
+from kvserve.frontend.api_errors import ApiError
 from kvserve.frontend.middleware import Handler
 from kvserve.frontend.state import GATEWAY
 

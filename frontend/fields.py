@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvserve.frontend.errors import ApiError, bad_request
+from kvserve.frontend.api_errors import ApiError, bad_request
 from kvserve.seam.limits import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS_VALUE
 
 

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
-from kvserve.frontend.errors import ApiError, from_backend
+from kvserve.frontend.api_errors import ApiError, from_backend
 from kvserve.frontend.fanout import Fanout
 from kvserve.frontend.middleware import request_id, request_span
 from kvserve.frontend.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
@@ -28,7 +28,7 @@ from kvserve.frontend.responses import (
     tool_call_json,
 )
 from kvserve.frontend.tool_parser import Event, HermesToolParser
-from kvserve.frontend.sse import SseWriter
+from kvserve.frontend.sse_writer import SseWriter
 from kvserve.frontend.state import Gateway
 from kvserve.frontend.tools import ToolRequest
 from kvserve.frontend.tracing_seam import annotate_request, annotate_response

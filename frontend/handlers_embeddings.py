@@ -19,7 +19,7 @@ from aiohttp import web
 
 from kvserve.frontend import fields as F
 from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
-from kvserve.frontend.errors import ApiError, bad_request, from_backend, model_not_found
+from kvserve.frontend.api_errors import ApiError, bad_request, from_backend, model_not_found
 from kvserve.frontend.middleware import request_span
 from kvserve.frontend.protocol import BackendError, EmbedRequest
 from kvserve.frontend.request_body import read_json_body

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from kvserve.frontend import fields as F
 from kvserve.frontend.api_requests import parse_messages
-from kvserve.frontend.errors import backend_unavailable, bad_request, shutting_down
+from kvserve.frontend.api_errors import backend_unavailable, bad_request, shutting_down
 from kvserve.frontend.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openapi import openapi_document
 from kvserve.frontend.request_body import read_json_body

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from kvserve.frontend.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
 from kvserve.frontend.chat_template import ChatTemplateError, render_chat
-from kvserve.frontend.errors import ApiError, bad_request
+from kvserve.frontend.api_errors import ApiError, bad_request
 from kvserve.frontend.generation import Call, respond
 from kvserve.frontend.middleware import request_span, request_tenant
 from kvserve.frontend.protocol import GenerateRequest

@@ -11,7 +11,7 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from kvserve.frontend.errors import ApiError
+from kvserve.frontend.api_errors import ApiError
 
 
 def _parser_error(status: int) -> ApiError:

@@ -26,7 +26,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from opentelemetry import trace
 
-from kvserve.frontend.errors import ApiError, internal_error
+from kvserve.frontend.api_errors import ApiError, internal_error
 from kvserve.frontend.openapi import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS
 from kvserve.frontend.state import GATEWAY
 from kvserve.frontend.tracing_seam import UNMATCHED_ROUTE, ServerSpan, start_server_span

@@ -9,7 +9,7 @@ from kvserve.frontend.replica_sources import Target, default_metrics_url, is_dns
 from kvserve.frontend.replicas import ReplicaSet
 from kvserve.frontend.routing import RoutingPolicy
 from kvserve.frontend.routing_key import DEFAULT_BLOCK_SIZE, PrefixKey
-from kvserve.frontend.tokenizer import GatewayTokenizer
+from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 

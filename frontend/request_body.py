@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvserve.frontend.errors import ApiError, bad_request
+from kvserve.frontend.api_errors import ApiError, bad_request
 
 
 # A JSON escape of a UTF-16 surrogate: legal JSON, but a lone one is no Unicode

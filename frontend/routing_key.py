@@ -17,7 +17,7 @@ import hashlib
 from typing import Callable
 
 from kvserve.frontend.protocol import GenerateRequest
-from kvserve.frontend.tokenizer import GatewayTokenizer
+from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 _SLICE_CHARS_PER_TOKEN = 16  # generous: tokens rarely span more characters than this

@@ -34,7 +34,7 @@ from kvserve.frontend.cache_salt import load_secret
 from kvserve.frontend.drain import drain
 from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                     DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
 from kvserve.frontend.embed_client import TritonEmbeddingClient
 from kvserve.frontend.triton_client import TritonBackendClient

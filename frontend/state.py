@@ -14,10 +14,10 @@ from aiohttp import web
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
 from kvserve.frontend.tools import ToolSettings
 from kvserve.frontend.cors_policy import CorsPolicy
-from kvserve.frontend.errors import ApiError, backend_unavailable, model_not_found, shutting_down
+from kvserve.frontend.api_errors import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.frontend.host_policy import HostPolicy
 from kvserve.frontend.protocol import BackendClient, EmbeddingBackend
-from kvserve.frontend.tokenizer import GatewayTokenizer
+from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
 from kvserve.observability.metrics_gateway import GatewayMetrics
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.frontend.errors import bad_request, not_supported
+from kvserve.frontend.api_errors import bad_request, not_supported
 
 FIELD = "structured_outputs"  # the sampling parameter (the engine names it in its errors)
 MAX_CONSTRAINT_CHARS = 64 * 1024  # the engine's limit (backend/structured/spec.py MAX_SPEC_CHARS)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.frontend.errors import bad_request, not_supported
+from kvserve.frontend.api_errors import bad_request, not_supported
 
 MAX_TOOLS = 128
 MAX_JSON_WHITESPACE = 16  # as the engine bounds it for JSON schemas (backend/structured/compiler.py)

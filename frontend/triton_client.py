@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from kvserve.frontend.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
 from kvserve.frontend.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
-from kvserve.frontend.triton_codec import (build_describe_request, build_request, classify_error, is_final,
+from kvserve.frontend.grpc_codec import (build_describe_request, build_request, classify_error, is_final,
                                            parse_model_facts, parse_response)
 
 log = logging.getLogger("kvserve.frontend.triton")

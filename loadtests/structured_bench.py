@@ -100,7 +100,7 @@ def serving(url: str, rounds: int, max_tokens: int) -> dict:
 def compile_times(model: str | None, repeats: int) -> dict:
     from kvserve.backend.structured.compiler import GrammarCompiler
     from kvserve.backend.structured.spec import parse_spec
-    from kvserve.backend.tokenizer import ModelTokenizer
+    from kvserve.backend.engine_tokenizer import ModelTokenizer
     from kvserve.frontend.default_model import resolve_model
 
     tokenizer = ModelTokenizer(resolve_model(model))

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from .errors import InferError
+from .infer_errors import InferError
 from .pb_utils.dtypes import WIRE_TO_NUMPY, serialize_byte_tensor, wire_dtype_of
-from .pb_utils.errors import TritonError
+from .pb_utils.triton_errors import TritonError
 from .pb_utils.response import InferenceResponse
 from .pb_utils.tensor import Tensor
 

@@ -14,12 +14,12 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from .errors import InferError, grpc_status
+from .infer_errors import InferError, grpc_status
 from .grpc_stream import StreamSession
-from .metrics import HostMetrics
+from .host_metrics import HostMetrics
 from tritonclient.grpc import model_config_pb2 as mc
 from .pb_utils.dtypes import CONFIG_TO_WIRE
-from .pb_utils.errors import TritonError
+from .pb_utils.triton_errors import TritonError
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository, parse_version
 from .request_handle import Delivery, RequestHandle

@@ -22,10 +22,10 @@ from typing import AsyncIterator
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from .errors import InferError
+from .infer_errors import InferError
 from .loop_handoff import handoff_for
-from .metrics import HostMetrics
-from .pb_utils.errors import TritonError
+from .host_metrics import HostMetrics
+from .pb_utils.triton_errors import TritonError
 from .pb_utils.request import new_server_request
 from .repository import ModelRepository
 from .request_handle import Delivery, RequestHandle

@@ -18,7 +18,7 @@ import grpc
 from .grpc_service import InferenceServicer
 from .http_endpoints import HttpEndpoints
 from .raw_requests import add_servicer
-from .metrics import REGISTRY, HostMetrics
+from .host_metrics import REGISTRY, HostMetrics
 from .pb_utils.host_hooks import set_model_ready_hook
 from .repository import ModelRepository
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from prometheus_client.core import CollectorRegistry
 
-from .metrics import render_text
+from .host_metrics import render_text
 
 _LOG = logging.getLogger("kvserve.host")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}

@@ -18,13 +18,13 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import pb_utils
-from .errors import InferError
-from .metrics import HostMetrics
+from .infer_errors import InferError
+from .host_metrics import HostMetrics
 from .model_config import (
     ConfigError, config_from_dict, config_to_json, instance_kind_name, is_decoupled, model_filename, normalize,
 )
 from .model_instance import ModelInstance, describe, import_model_module
-from .pb_utils.errors import TritonError
+from .pb_utils.triton_errors import TritonError
 from .pb_utils.request import InferenceRequest
 from .request_handle import RequestHandle
 

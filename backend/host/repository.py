@@ -12,11 +12,11 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import InferError
-from .metrics import HostMetrics
+from .infer_errors import InferError
+from .host_metrics import HostMetrics
 from .model_config import ConfigError, normalize, parse_config_file, select_versions
 from .model_runtime import ModelRuntime, ModelState
-from .pb_utils.errors import TritonError
+from .pb_utils.triton_errors import TritonError
 
 _LOG = logging.getLogger("kvserve.host")
 CONFIG_FILE = "config.pbtxt"

@@ -17,8 +17,8 @@ from typing import Callable
 from tritonclient.grpc import service_pb2 as pb
 
 from .codec import encode_response
-from .metrics import HostMetrics
-from .pb_utils.errors import TritonError, TritonModelException
+from .host_metrics import HostMetrics
+from .pb_utils.triton_errors import TritonError, TritonModelException
 from .pb_utils.response import TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceResponse
 
 _LOG = logging.getLogger("kvserve.host")

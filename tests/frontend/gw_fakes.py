@@ -24,7 +24,7 @@ from kvserve.frontend.protocol import (
     TopLogprob,
 )
 from kvserve.frontend.state import Gateway, GatewayConfig
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.seam.error_wire import ErrorKind
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE, ChatTemplateError, render_chat, resolve_template_arg
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 
 from gw_fakes import make_tokenizer_dir
 

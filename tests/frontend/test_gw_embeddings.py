@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from kvserve.frontend.errors import ApiError
+from kvserve.frontend.api_errors import ApiError
 from kvserve.frontend.handlers_embeddings import parse_embeddings
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from kvserve.frontend.sse import encode_event, encode_json
+from kvserve.frontend.sse_writer import encode_event, encode_json
 
 from gw_fakes import post
 

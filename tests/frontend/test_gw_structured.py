@@ -10,7 +10,7 @@ import random
 import pytest
 
 from kvserve.frontend.api_requests import parse_chat, parse_completion
-from kvserve.frontend.errors import ApiError, from_backend
+from kvserve.frontend.api_errors import ApiError, from_backend
 from kvserve.frontend.protocol import BackendRejected
 from kvserve.frontend.tool_parser import HermesToolParser
 from kvserve.frontend.tools import ToolSettings, call_block, render_messages

@@ -14,7 +14,7 @@ from gw_triton_fakes import FakeTriton, input_raw, make_response
 
 from kvserve.frontend.protocol import BackendFailed, BackendRejected, BackendUnavailable, GenerateRequest
 from kvserve.frontend.triton_client import TritonBackendClient
-from kvserve.frontend.triton_codec import build_request, classify_error, parse_response
+from kvserve.frontend.grpc_codec import build_request, classify_error, parse_response
 from kvserve.seam.error_wire import ErrorKind, WireError
 
 

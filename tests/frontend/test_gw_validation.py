@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve.frontend.api_requests import parse_chat, parse_completion
-from kvserve.frontend.errors import ApiError
+from kvserve.frontend.api_errors import ApiError
 
 
 def bad(fn, body, vocab=None) -> ApiError:

@@ -2,7 +2,7 @@
 before the first request), and only successful requests move the count and duration counters."""
 from __future__ import annotations
 
-from kvserve.backend.host.metrics import FAILURE_REASONS, HostMetrics, MetricStore
+from kvserve.backend.host.host_metrics import FAILURE_REASONS, HostMetrics, MetricStore
 
 
 def _samples(store: MetricStore) -> dict[tuple[str, tuple], float]:

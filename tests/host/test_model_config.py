@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.backend.host.metrics import HostMetrics
+from kvserve.backend.host.host_metrics import HostMetrics
 from kvserve.backend.host.model_config import (
     ConfigError, config_to_json, is_decoupled, normalize, parse_config_file, select_versions,
 )

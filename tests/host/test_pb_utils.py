@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvserve.backend.host import pb_utils
-from kvserve.backend.host.metrics import REGISTRY, render_text
+from kvserve.backend.host.host_metrics import REGISTRY, render_text
 from kvserve.backend.host.pb_utils.request import new_server_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.backend.detokenizer import IncrementalDetokenizer
-from kvserve.backend.tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import ModelTokenizer
 from kvserve.frontend.chat_template import render_chat
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 
 TEXTS = [
     "What is the capital of France?", "  leading spaces\tand tabs\n\nand blank lines  ",

@@ -32,7 +32,7 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def prompts(real_model_path: str) -> list[list[int]]:
     from kvserve.backend.models.gguf_checkpoint import field_value, open_gguf
-    from kvserve.backend.tokenizer import ModelTokenizer
+    from kvserve.backend.engine_tokenizer import ModelTokenizer
     template = field_value(open_gguf(real_model_path), "tokenizer.chat_template")
     tok = ModelTokenizer(real_model_path)
     texts = [render_chat(template, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])

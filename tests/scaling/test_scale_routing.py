@@ -17,7 +17,7 @@ from kvserve.frontend.replicas import ReplicaSet
 from kvserve.frontend.routing import RoutingPolicy, choose, rendezvous_order
 from kvserve.frontend.routing_key import PrefixKey
 from kvserve.frontend.serve_cmd import build_parser, plan_from_args
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 from scale_fakes import ScriptedReplica, drain, req

@@ -25,10 +25,10 @@ from .dtypes import (
     triton_string_to_numpy,
     triton_to_numpy_type,
 )
-from .errors import TritonError, TritonModelException
+from .triton_errors import TritonError, TritonModelException
 from .host_hooks import get_model_dir, is_model_ready, load_model, unload_model
 from .logger import Logger
-from .metrics import Metric, MetricFamily
+from .metric_family import Metric, MetricFamily
 from .request import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,

@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Callable
 
-from .errors import TritonModelException
+from .triton_errors import TritonModelException
 
 _local = threading.local()
 _model_ready_hook: Callable[[str, str], bool] | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import TritonModelException
+from .triton_errors import TritonModelException
 from .response import InferenceResponseSender, ResponseSink, parameters_to_json
 from .tensor import Tensor
 

@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Any, Protocol
 
-from .errors import TritonError, TritonModelException
+from .triton_errors import TritonError, TritonModelException
 from .tensor import Tensor
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1

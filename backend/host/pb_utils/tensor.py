@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import numpy_to_triton_type
-from .errors import TritonModelException
+from .triton_errors import TritonModelException
 
 
 class _CapsuleHolder:

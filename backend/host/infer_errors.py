@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grpc
 
-from .pb_utils.errors import TritonError
+from .pb_utils.triton_errors import TritonError
 
 _GRPC_CODES = {
     TritonError.UNKNOWN: grpc.StatusCode.UNKNOWN,

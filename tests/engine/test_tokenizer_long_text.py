@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from kvserve.backend.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
-from kvserve.frontend.tokenizer import load_tokenizer
+from kvserve.backend.engine_tokenizer import LONG_TEXT_CHARS, ModelTokenizer
+from kvserve.frontend.gateway_tokenizer import load_tokenizer
 
 LONG = "many small words " * 60_000  # ~1 MB: about a second of tokenization on this machine
 

@@ -6,8 +6,8 @@ declare `kvserve:prompt_tokens_total` add into one counter.
 """
 from __future__ import annotations
 
-from ..metrics import STORE, Family, MetricKind, Series
-from .errors import TritonModelException
+from ..host_metrics import STORE, Family, MetricKind, Series
+from .triton_errors import TritonModelException
 
 
 class Metric:

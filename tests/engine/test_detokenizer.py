@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve.backend.detokenizer import IncrementalDetokenizer
-from kvserve.backend.tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import ModelTokenizer
 
 
 @pytest.fixture(scope="module")
