@@ -35,6 +35,7 @@ class RunRecord:
     metrics: Mapping[str, float]  # the METRICS keys that the result had
     result_file: str = ""
     error: str = ""  # why there are no figures (server did not start, client failed)
+    warning: str = ""  # why the figures are not to be trusted; such a run is left out of the ratios
 
 
 def read_result(path: Path) -> dict[str, Any]:
@@ -49,12 +50,24 @@ def read_result(path: Path) -> dict[str, Any]:
 
 
 def record_from_result(server: str, client: str, workload: str, concurrency: int, num_prompts: int,
-                       doc: Mapping[str, Any], result_file: str = "") -> RunRecord:
+                       doc: Mapping[str, Any], result_file: str = "", output_len: int | None = None) -> RunRecord:
+    """`output_len`: the tokens each request must return (the runs use --ignore-eos);
+    a client that counted fewer lost part of the streams, and its figures are wrong.
+    (vllm bench serve 0.32 does on llama-server when it is slow: the server then
+    sends SSE comment lines as keep-alives, and the client's parser, which strips
+    each read, stops finding event boundaries after one.)"""
     completed = int(doc.get("completed", 0))
     # vllm bench serve reports failed only in newer versions; what did not complete failed.
     failed = int(doc["failed"]) if "failed" in doc else max(num_prompts - completed, 0)
     metrics = {k: float(doc[k]) for k, _, _ in METRICS if isinstance(doc.get(k), (int, float))}
-    return RunRecord(server, client, workload, concurrency, num_prompts, completed, failed, metrics, result_file)
+    warning = ""
+    if output_len is not None and isinstance(doc.get("total_output_tokens"), int):
+        expected = completed * output_len
+        if doc["total_output_tokens"] < expected:
+            warning = (f"the client counted {doc['total_output_tokens']} output tokens of {expected}: "
+                       "it lost stream chunks, so these figures are left out")
+    return RunRecord(server, client, workload, concurrency, num_prompts, completed, failed, metrics, result_file,
+                     warning=warning)
 
 
 def failed_record(server: str, client: str, workload: str, concurrency: int, num_prompts: int,
@@ -87,7 +100,8 @@ def build_ratios(records: Iterable[RunRecord]) -> list[RatioRow]:
     by_key: dict[tuple[str, str, str], RunRecord] = {}
     order: list[tuple[str, str]] = []
     for r in records:
-        by_key[(r.workload, r.client, r.server)] = r
+        if not r.warning:
+            by_key[(r.workload, r.client, r.server)] = r
         if (r.workload, r.client) not in order:
             order.append((r.workload, r.client))
     rows = []
@@ -126,11 +140,11 @@ def format_table(records: Sequence[RunRecord]) -> str:
         lines.append(f"{row.workload if first else '':<26}{row.client if first else '':<15}{labels[row.metric]:<16}"
                      f"{_num(row.kvserve, 10)}{_num(row.vllm, 10)}{_num(row.llama, 10)}"
                      f"{_ratio(row.kv_over_vllm, 10)}{_ratio(row.kv_over_llama, 10)}")
-    notes = [r for r in records if r.failed or r.error]
+    notes = [r for r in records if r.failed or r.error or r.warning]
     if notes:
         lines.append("")
         for r in notes:
-            why = f": {r.error}" if r.error else ""
+            why = f": {r.error or r.warning}" if r.error or r.warning else ""
             lines.append(f"{r.server} / {r.client} / {r.workload}: {r.failed} of {r.num_prompts} failed{why}")
     lines.append("ratios are kvserve / peer: above 1 is better for tok/s, below 1 is better for latencies")
     return "\n".join(lines)

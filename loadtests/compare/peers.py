@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, workloads: list[Workload]) -> int:
                                                      f"{client} exited {rc}: {exc}; see {out / (stem + '.log')}"))
                     else:
                         records.append(record_from_result(name, client, w.key, w.concurrency, w.num_prompts,
-                                                          doc, str(result)))
+                                                          doc, str(result), output_len=w.output_len))
                     print(f"peers: {name} / {client} / {w.key}: exit {rc}", file=sys.stderr, flush=True)
         finally:
             server.stop()

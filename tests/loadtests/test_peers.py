@@ -227,3 +227,15 @@ def test_cli_num_prompts_keeps_the_prefix_workload_whole(tmp_path):
                                             "--concurrency", "4", "--num-warmups", "1"])
     ws = peers.validate(args)
     assert [(w.kind, w.num_prompts, w.num_warmups) for w in ws] == [("random", 10, 1), ("prefix", 8, 1)]
+
+
+def test_a_client_that_lost_output_tokens_is_left_out_of_the_ratios():
+    # With --ignore-eos every request returns output_len tokens; fewer means lost stream chunks.
+    good = record_from_result("kvserve", "vllm-bench", "w@c4", 4, 8, _doc(60.0, 50.0, total_output_tokens=8 * 16),
+                              output_len=16)
+    short = record_from_result("llama.cpp", "vllm-bench", "w@c4", 4, 8, _doc(1.0, 0.0, total_output_tokens=8),
+                               output_len=16)
+    assert good.warning == "" and "8 output tokens of 128" in short.warning
+    row = build_ratios([good, short])[0]
+    assert (row.kvserve, row.llama, row.kv_over_llama) == (60.0, None, None)
+    assert "lost stream chunks" in format_table([good, short])
