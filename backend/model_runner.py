@@ -27,6 +27,7 @@ from kvserve.backend.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.kv_budget import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
 from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.loader import load_arch_config, load_model
+from kvserve.backend.models import cpu_linear
 from kvserve.backend.models.quantize import quantize_model
 from kvserve.backend.ops import select_ops
 from kvserve.backend.scheduler import SchedulerOutput
@@ -99,6 +100,8 @@ class ModelRunner:
             self.max_model_len = arch.sliding_window
         self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len)
         quantize_model(self.model, config.quantization, self.device)
+        if cpu_linear.wanted(self.device, self.dtype, config.quantization):
+            cpu_linear.pack_linears(self.model)
         self.ops = select_ops(config.attention_backend, self.device)
         self.block_size = config.block_size
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)

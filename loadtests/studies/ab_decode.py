@@ -10,12 +10,15 @@ ratios mean anything. Variants (`--a`, `--b`):
 
 - `ref`: the CPU ops as they were (the torch references, every layer derives its own indices)
 - `cur`: the engine's own ops (`TorchOps` with its per-step plans)
+- `unpacked`: an engine of its own with F.linear (KVSERVE_CPU_PACKED_LINEAR=0) and the engine's ops
+- `int8`, `int4`: an engine of its own with `quantization` set (same prompts)
 
 One-off measurement, not installed.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -25,6 +28,9 @@ from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
 from kvserve.kernels.rms_norm import rms_norm_torch
 from kvserve.kernels.rotary import rotary_embedding_torch
+
+
+VARIANTS = ("ref", "cur", "unpacked", "int8", "int4")
 
 
 class ReferenceOps:
@@ -54,28 +60,42 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=4, help="decode steps per block")
     p.add_argument("--pairs", type=int, default=8)
-    p.add_argument("--a", default="ref", choices=("ref", "cur"))
-    p.add_argument("--b", default="cur", choices=("ref", "cur"))
+    p.add_argument("--a", default="ref", choices=VARIANTS)
+    p.add_argument("--b", default="cur", choices=VARIANTS)
     p.add_argument("--threads", type=int, default=None, help="engine num_threads (default: torch's)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="measure the process's CPU time instead of wall time (with --threads 1 on a busy "
+                        "machine: the work done, without the waits for a core)")
     args = p.parse_args()
-    llm = LLM(model=args.model, dtype="float32", max_num_seqs=args.batch, num_threads=args.threads)
-    engine = llm.engine
-    variants = {"ref": ReferenceOps(), "cur": engine.runner.ops}
-    rng = random.Random(0)
     total_steps = 2 * args.pairs * args.steps + 4
     params = SamplingParams(max_tokens=total_steps + 4, temperature=0, ignore_eos=True)
-    for i in range(args.batch):
-        engine.add_request(f"r{i}", [rng.randrange(100, 20000) for _ in range(args.context)], params)
-    while any(len(s.request.output_token_ids) < 2 for s in engine.sequences.values()):
-        engine.step()
+    engines: dict[str, object] = {}
+
+    def engine_for(name: str):
+        # ref and cur share one engine (only its ops differ); a quantized mode has its own.
+        key = name if name in ("int8", "int4", "unpacked") else "none"
+        if key not in engines:
+            os.environ["KVSERVE_CPU_PACKED_LINEAR"] = "0" if key == "unpacked" else "1"
+            engine = LLM(model=args.model, dtype="float32", max_num_seqs=args.batch, num_threads=args.threads,
+                         quantization="none" if key == "unpacked" else key).engine
+            engine.own_ops = engine.runner.ops
+            rng = random.Random(0)
+            for i in range(args.batch):
+                engine.add_request(f"r{i}", [rng.randrange(100, 20000) for _ in range(args.context)], params)
+            while any(len(s.request.output_token_ids) < 2 for s in engine.sequences.values()):
+                engine.step()
+            engines[key] = engine
+        return engines[key]
 
     def block(name: str) -> float:
-        engine.runner.ops = variants[name]
-        t0 = time.perf_counter()
+        engine = engine_for(name)
+        engine.runner.ops = ReferenceOps() if name == "ref" else engine.own_ops
+        t0 = time.process_time() if args.cpu_time else time.perf_counter()
         for _ in range(args.steps):
             engine.step()
-        return (time.perf_counter() - t0) / args.steps
+        return ((time.process_time() if args.cpu_time else time.perf_counter()) - t0) / args.steps
 
+    engine_for(args.a), engine_for(args.b)
     ratios, times = [], {args.a: [], args.b: []}
     for i in range(args.pairs):
         order = (args.a, args.b) if i % 2 == 0 else (args.b, args.a)

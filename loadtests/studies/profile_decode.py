@@ -28,7 +28,7 @@ def main() -> None:
     p.add_argument("--no-profile", action="store_true", help="time steps only")
     p.add_argument("--engine-arg", action="append", default=[], metavar="K=V")
     args = p.parse_args()
-    extra = dict(kv.split("=", 1) for kv in args.engine_arg)
+    extra = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in args.engine_arg)}
     llm = LLM(model=args.model, dtype="float32", max_num_seqs=max(args.batch, 1), **extra)
     engine = llm.engine
     rng = random.Random(0)

@@ -1,0 +1,52 @@
+"""float32 linear layers on the CPU through oneDNN with weights reordered once at load.
+
+`F.linear` on the CPU calls an sgemm that repacks the weight on every call; at
+the few rows of a decode step that is a large part of the work. oneDNN's
+`_linear_pointwise` over a weight reordered into its blocked layout once runs
+the projections of a 16- or 64-row step ~2.5x faster per core (measured in CPU
+time, loadtests/studies/ab_decode.py), and about as fast at one row. The
+results differ from sgemm's by float32 rounding only (another summation order).
+
+Applied after loading (whatever the loader) to the decoder's linear layers and
+the logits projection, for float32 models on the CPU without --quantization.
+KVSERVE_CPU_PACKED_LINEAR=0 keeps F.linear (for A/B measurements).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # An opaque oneDNN tensor: a plain attribute, not a parameter (nothing else reads it).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def wanted(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
+    return (device.type == "cpu" and dtype == torch.float32 and quantization == "none"
+            and torch.backends.mkldnn.is_available() and os.environ.get("KVSERVE_CPU_PACKED_LINEAR", "1") != "0")
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Replace the decoder's linear layers and its logits projection with `PackedLinear`; returns the model."""
+    with torch.no_grad():
+        for layer in model.layers:
+            for name in _LINEARS:
+                linear = getattr(layer, name)
+                setattr(layer, name, PackedLinear(linear.weight, linear.bias))
+        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head
+        model.logits_proj = PackedLinear(weight, None)
+        if model.lm_head is not None:  # untied: the plain copy is never read again
+            model.lm_head = None
+    return model
