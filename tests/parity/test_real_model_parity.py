@@ -107,6 +107,7 @@ def test_prefix_cache_hits(real_model_path, prompts, reference) -> None:
 def test_preemption(real_model_path, prompts, reference) -> None:
     need = max(len(p) for p in prompts) + MAX_NEW
     blocks = -(-need // 16) * 3 + 1  # room for about three requests of the sixteen at once
-    ours, llm = _greedy(real_model_path, prompts, max_num_seqs=16, num_kv_blocks=blocks, block_size=16)
+    ours, llm = _greedy(real_model_path, prompts, max_num_seqs=16, num_kv_blocks=blocks, block_size=16,
+                        max_model_len=need)
     assert llm.engine.scheduler.num_preemptions_total > 0
     assert ours == reference
