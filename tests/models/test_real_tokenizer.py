@@ -69,7 +69,8 @@ def test_incremental_detokenizer_over_real_merges(ours, text: str) -> None:
     deltas = [detok.add_tokens([t], finished=i == len(ids) - 1).text_delta for i, t in enumerate(ids)]
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas)
-    assert any(d == "" for d in deltas)  # some character really spans two tokens and waited
+    if "😀" in text:  # these emoji span several byte-level tokens: their first tokens waited for the rest
+        assert any(d == "" for d in deltas)
 
 
 def test_end_of_turn_is_the_stop_token(ours) -> None:
