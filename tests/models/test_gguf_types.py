@@ -10,6 +10,7 @@ import torch
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.models.gguf_checkpoint import SUPPORTED_TENSOR_TYPES
+from kvserve.backend.models.loader import load_model
 from tests.models.gguf_writer import write_random_gguf
 
 TYPES = sorted(SUPPORTED_TENSOR_TYPES)
@@ -39,9 +40,10 @@ def _hf_weights(model) -> dict[str, torch.Tensor]:
     return {name: tensor.detach() for name, tensor in model.state_dict().items()}
 
 
-def _ours_as_hf(llm: LLM) -> dict[str, torch.Tensor]:
-    """kvserve's fused parameters split back into Hugging Face's names."""
-    model = llm.engine.runner.model
+def loaded_as_hf(path: str | Path) -> dict[str, torch.Tensor]:
+    """The loader's float32 parameters (before the runner repacks linears for the CPU), its fused
+    projections split back into Hugging Face's names."""
+    model, _ = load_model(path, torch.float32, torch.device("cpu"), max_position=64)
     out = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm}
     if model.lm_head is not None:
         out["lm_head.weight"] = model.lm_head
@@ -61,12 +63,12 @@ def _ours_as_hf(llm: LLM) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", TYPES)
 def test_weights_and_greedy_tokens_match_transformers(kind: str, gguf_root: str) -> None:
     path = _gguf(kind, gguf_root)
-    llm = LLM(model=str(path), dtype="float32", max_num_seqs=4)
     hf = _hf_model(path)
-    ours, theirs = _ours_as_hf(llm), _hf_weights(hf)
+    ours, theirs = loaded_as_hf(path), _hf_weights(hf)
     assert set(ours) <= set(theirs)
     for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name]), f"{kind}: {name} differs from transformers' dequantization"
+    llm = LLM(model=str(path), dtype="float32", max_num_seqs=4)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
     with torch.inference_mode():
         for prompt, out in zip(PROMPTS, outs):

@@ -12,7 +12,7 @@ import torch
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.frontend.chat_template import render_chat
-from tests.models.test_gguf_types import _ours_as_hf
+from tests.models.test_gguf_types import loaded_as_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -79,9 +79,8 @@ def _greedy(model: str, prompts, **engine_args) -> tuple[list[list[int]], LLM]:
 
 
 def test_tensors_equal_transformers(real_model_path: str, hf_model) -> None:
-    llm = LLM(model=real_model_path, dtype="float32", max_num_seqs=1)
     theirs = hf_model.state_dict()
-    for name, tensor in _ours_as_hf(llm).items():
+    for name, tensor in loaded_as_hf(real_model_path).items():
         assert torch.equal(tensor, theirs[name]), name
 
 
