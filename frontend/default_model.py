@@ -53,10 +53,12 @@ def resolve_model(value: str | None) -> Path:
     name (fetched into the cache on first use; the engine's fetch module knows the names)."""
     if value is None:
         return ensure_known_model(DEFAULT_MODEL_NAME)
-    path = Path(value).expanduser()
-    if path.exists() or "/" in value or value.startswith("."):
-        return path
-    return ensure_known_model(value)
+    return Path(value).expanduser() if looks_like_path(value) else ensure_known_model(value)
+
+
+def looks_like_path(value: str) -> bool:
+    """A --model value is a path (never a known model's name) if it exists or is spelled like one."""
+    return "/" in value or value.startswith((".", "~")) or Path(value).expanduser().exists()
 
 
 def gateway_model_dir(model: Path, timeout_s: float = 600.0) -> Path:

@@ -21,7 +21,7 @@ from kvserve.frontend.app import build_app, start_app
 from kvserve.frontend.chat_template import resolve_template_arg
 from kvserve.frontend.cors_policy import add_cors_flags, cors_policy_from_args
 from kvserve.frontend.host_policy import add_host_flags, host_policy_from_args
-from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, resolve_model
+from kvserve.frontend.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, looks_like_path, resolve_model
 from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
@@ -119,10 +119,6 @@ class Plan:
     embedding_name: str | None = None   # what clients call it
 
 
-def _looks_like_path(value: str) -> bool:
-    return "/" in value or value.startswith(".") or value.startswith("~") or Path(value).exists()
-
-
 def plan_from_args(args: argparse.Namespace) -> Plan:
     if args.model and args.model_tag and args.model != args.model_tag:
         raise UsageError("give the model once: either positionally or with --model")
@@ -130,7 +126,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     remote = is_remote(args)
     if remote:
         validate_replica_flags(args)
-    missing = model is not None and _looks_like_path(model) and not Path(model).expanduser().exists()
+    missing = model is not None and looks_like_path(model) and not Path(model).expanduser().exists()
     if missing and not remote:
         raise UsageError(f"--model {model}: no such file or folder (kvserve loads models from disk, "
                          "or fetches a known model by its name)")
@@ -151,7 +147,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             log.warning("engine flags %s are ignored with --triton-url (set them on the Triton side)", " ".join(ignored))
     embedding = args.embedding_model
     if embedding is not None:
-        if _looks_like_path(embedding) and not Path(embedding).expanduser().is_dir() and not remote:
+        if looks_like_path(embedding) and not Path(embedding).expanduser().is_dir() and not remote:
             raise UsageError(f"--embedding-model {embedding}: no such folder (a Hugging Face folder of a "
                              "BERT-family model, or a known name such as all-MiniLM-L6-v2)")
         embedding_name = args.embedding_served_model_name or embedding
