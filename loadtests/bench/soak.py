@@ -7,7 +7,14 @@ server's processes for leaks.
 Load: completions and chat, streaming and not, n=1 or 2, short and long
 outputs, prompts that share prefixes and prompts that do not, a few invalid
 requests, and 10% of requests cancelled by the client at a random point
-(mid-stream, or before the answer for non-streaming calls).
+(mid-stream, or before the answer for non-streaming calls). Mixed in
+(--constrained-fraction, 15%): chat requests constrained by a JSON schema, by
+json_object, or to a forced tool call (tools + tool_choice); every such answer
+that completes, whole or streamed, must parse as JSON matching its schema (the
+tool's parameters for a call). 10% of the clients (--slow-fraction) are slow
+readers: they stream long answers through a small socket receive buffer and read
+a few hundred bytes at a time with a pause between reads, so the server's write
+buffers fill; the others must not stall behind them, nothing may leak.
 
 Watched: resident memory (RSS) and open file descriptors of the server
 process and all its children (the embedded host), sampled every few seconds
@@ -27,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import statistics
 import sys
 import time
@@ -42,6 +50,7 @@ except ImportError:  # /proc fallback
 import aiohttp
 
 from kvserve.loadtests.bench.server_api import metric_sums
+from kvserve.loadtests.bench.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body, message_of
 
 PROMPTS = ["Once upon a time", "The history of the city begins", "Write a short poem about the sea",
            "Explain how a paged KV cache works", "List three facts about the moon"]
@@ -55,6 +64,21 @@ class Counts:
     server_errors: int = 0  # 5xx or an error event: never expected
     transport_errors: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+    # kind (plain, json_schema, json_object, tools, slow, invalid) -> outcome -> count
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    # constrained kind -> valid / truncated (cut at max_tokens) / invalid, for answers that completed
+    checks: dict[str, dict[str, int]] = field(default_factory=dict)
+    invalid_answers: list[str] = field(default_factory=list)  # the first few, with why
+
+    def bad_answers(self) -> int:
+        return sum(c.get("invalid", 0) for c in self.checks.values())
+
+    def check(self, kind: str, verdict: str) -> None:
+        slot = self.checks.setdefault(kind, {})
+        key = verdict.split(":")[0]
+        slot[key] = slot.get(key, 0) + 1
+        if key == "invalid" and len(self.invalid_answers) < 20:
+            self.invalid_answers.append(f"{kind}: {verdict}")
 
 
 # ---- process sampling ---------------------------------------------------------------------------
@@ -114,53 +138,93 @@ def sample(root: int) -> dict[str, dict[str, int]]:
 
 
 # ---- load -----------------------------------------------------------------------------------------
+def _kind(rng: random.Random, args: argparse.Namespace, slow: bool) -> str:
+    if rng.random() < 0.02:
+        return "invalid"
+    if slow:
+        return "slow"
+    if rng.random() < args.constrained_fraction:
+        return rng.choice(CONSTRAINED_KINDS)
+    return "plain"
+
+
+async def _read_slowly(resp: aiohttp.ClientResponse, args: argparse.Namespace) -> str:
+    got = bytearray()
+    while chunk := await resp.content.read(args.slow_read_bytes):
+        got += chunk
+        await asyncio.sleep(args.slow_read_pause)
+    if b'data: {"error"' in got:
+        return "error-event"
+    # Every frame read, ending with [DONE]: else the server cut the stream (a failure).
+    return "200" if got.rstrip().endswith(b"data: [DONE]") else "cut-stream"
+
+
 async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, rng: random.Random,
-                      counts: Counts) -> None:
-    chat = rng.random() < 0.5
-    streaming = rng.random() < 0.7
-    cancel = rng.random() < args.cancel_fraction
-    invalid = rng.random() < 0.02
+                      counts: Counts, slow: bool = False) -> None:
+    kind = _kind(rng, args, slow)
+    constrained = kind in CONSTRAINED_KINDS
+    chat = constrained or rng.random() < 0.5
+    streaming = slow or rng.random() < 0.7
+    cancel = not slow and rng.random() < args.cancel_fraction
     prompt = rng.choice(PROMPTS) + ("" if rng.random() < 0.5 else f" (variant {rng.randrange(10**6)})")
     body: dict = {"model": args.model, "max_tokens": rng.choice([8, 16, 32, 64, 128]), "stream": streaming,
                   "temperature": rng.choice([0.0, 0.7]), "n": 2 if rng.random() < 0.1 else 1}
-    if chat:
+    if constrained:
+        body.update(constrained_body(kind, rng), n=1, max_tokens=args.constrained_max_tokens)
+    elif chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    if invalid:
+    if slow:
+        body.update(max_tokens=args.slow_max_tokens, n=1)
+    if kind == "invalid":
         body["temperature"] = -1  # a 400, on purpose
     path = "/v1/chat/completions" if chat else "/v1/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    answer: list[tuple] = []  # (content, tool calls, finish_reason) of a constrained answer that completed
 
     async def run() -> str:
         async with session.post(args.url.rstrip("/") + path, json=body, headers=headers) as resp:
             if resp.status != 200:
                 await resp.read()
                 return str(resp.status)
+            if slow:
+                return await _read_slowly(resp, args)
             if not streaming:
-                await resp.read()
+                data = await resp.read()
+                if constrained:
+                    answer.append(message_of(json.loads(data)))
                 return "200"
             # Cancel inside the expected output, so the 10% really are cut short.
             frames, stop_after = 0, rng.randint(1, max(1, body["max_tokens"] // 2)) if cancel else None
+            join = StreamJoin() if constrained else None
             async for line in resp.content:
                 if line.startswith(b"data: {\"error\""):
                     return "error-event"
                 if line.startswith(b"data: "):
                     frames += 1
+                    if join is not None and not line.startswith(b"data: [DONE]"):
+                        join.add(json.loads(line[6:]))
                     if stop_after is not None and frames >= stop_after:
                         return "cancelled"  # leaving the block drops the connection
+            if join is not None:
+                answer.append(join.joined())
             return "200"
 
     try:
         if cancel and not streaming:
             outcome = await asyncio.wait_for(run(), rng.uniform(0.005, 0.2))
         else:
-            outcome = await asyncio.wait_for(run(), 120)
+            outcome = await asyncio.wait_for(run(), 600 if slow else 120)
     except asyncio.TimeoutError:
         outcome = "cancelled" if cancel else "timeout"
     except aiohttp.ClientError:
         outcome = "transport"
     counts.by_status[outcome] = counts.by_status.get(outcome, 0) + 1
+    per_kind = counts.kinds.setdefault(kind, {})
+    per_kind[outcome] = per_kind.get(outcome, 0) + 1
+    if outcome == "200" and answer:
+        counts.check(kind, check_answer(kind, body, *answer[0]))
     if outcome == "200":
         counts.ok += 1
     elif outcome == "cancelled":
@@ -173,16 +237,40 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
         counts.server_errors += 1
 
 
+def slow_reader_session() -> aiohttp.ClientSession:
+    """A session whose sockets take little before the server's side must hold the rest: a 4 KiB
+    receive buffer (where aiohttp lets a socket be made) and a 1 KiB read buffer."""
+    def small_receive_buffer(addr_info) -> socket.socket:
+        family, type_, proto, _, _ = addr_info
+        sock = socket.socket(family, type_, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        return sock
+
+    try:
+        connector = aiohttp.TCPConnector(limit=0, socket_factory=small_receive_buffer)
+    except TypeError:  # aiohttp before 3.12
+        connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=1024)
+
+
 async def drive(args: argparse.Namespace, deadline: float, counts: Counts) -> None:
     rng = random.Random(args.seed)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        async def worker(seed: int) -> None:
+    slow_workers = slow_reader_count(args.concurrency, args.slow_fraction)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session, \
+            slow_reader_session() as slow_session:
+        async def worker(seed: int, slow: bool) -> None:
             local = random.Random(seed)
             while time.monotonic() < deadline:
-                await one_request(session, args, local, counts)
+                await one_request(slow_session if slow else session, args, local, counts, slow=slow)
 
-        await asyncio.gather(*(worker(rng.randrange(2**32)) for _ in range(args.concurrency)))
+        await asyncio.gather(*(worker(rng.randrange(2**32), i < slow_workers) for i in range(args.concurrency)))
+
+
+def slow_reader_count(concurrency: int, fraction: float) -> int:
+    """round(fraction x clients), at least one when the fraction is not 0."""
+    return 0 if fraction <= 0 else max(1, round(concurrency * fraction))
 
 
 # ---- analysis -------------------------------------------------------------------------------------
@@ -234,9 +322,16 @@ async def main_async(args: argparse.Namespace) -> int:
             "rss_growth_mib": round(rss_growth / 2**20, 2), "fds_first": fds[0] if fds else None,
             "fds_last": fds[-1] if fds else None, "fds_growth": fds_growth,
             "verdict": "FLAT" if rss_ok and fds_ok else "GROWING"}
-    ok = flat and idle and counts.server_errors == 0 and counts.transport_errors == 0
+    report["slow_readers"] = slow_reader_count(args.concurrency, args.slow_fraction)
+    ok = (flat and idle and counts.server_errors == 0 and counts.transport_errors == 0
+          and counts.bad_answers() == 0)
     report["verdict"] = "PASS" if ok else "FAIL"
     print(f"soak: {args.minutes} min, {sum(counts.by_status.values())} requests {counts.by_status}")
+    for kind, outcomes in sorted(counts.kinds.items()):
+        checked = f", answers {counts.checks[kind]}" if kind in counts.checks else ""
+        print(f"  {kind}: {outcomes}{checked}")
+    for why in counts.invalid_answers:
+        print(f"  INVALID {why}")
     for pid, p in report["processes"].items():
         print(f"  pid {pid}: RSS {p['rss_mib_first']} -> {p['rss_mib_last']} MiB (growth {p['rss_growth_mib']} MiB), "
               f"fds {p['fds_first']} -> {p['fds_last']}: {p['verdict']}")
@@ -257,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-minutes", type=float, default=None, help="default: a fifth of the run, at most 2")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--cancel-fraction", type=float, default=0.10)
+    p.add_argument("--constrained-fraction", type=float, default=0.15,
+                   help="share of requests constrained (JSON schema, json_object, forced tool call)")
+    p.add_argument("--constrained-max-tokens", type=int, default=160)
+    p.add_argument("--slow-fraction", type=float, default=0.10, help="share of the clients that read slowly")
+    p.add_argument("--slow-max-tokens", type=int, default=256)
+    p.add_argument("--slow-read-bytes", type=int, default=256, help="a slow reader reads this much at a time")
+    p.add_argument("--slow-read-pause", type=float, default=0.05, help="seconds between a slow reader's reads")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between process samples")
     p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed RSS growth, fraction of the first value")
     p.add_argument("--fd-tolerance", type=int, default=8)
