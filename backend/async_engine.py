@@ -341,7 +341,7 @@ class AsyncEngine:
 
     def _drop(self, item: _Add) -> None:
         """An abort came before the request reached the engine: it ends here, never run."""
-        if self.config.log_scheduling:
+        if self.config.debug.log_scheduling:
             log.info("request %s ended (abort): never scheduled", item.request_id)
         choices = [CompletionOutput(i, finish_reason="abort") for i in range(item.params.n)]
         try:
