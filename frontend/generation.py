@@ -29,7 +29,7 @@ from kvserve.frontend.responses import (
 )
 from kvserve.frontend.tool_parser import Event, HermesToolParser
 from kvserve.frontend.sse_writer import SseWriter
-from kvserve.frontend.state import Gateway
+from kvserve.frontend.gateway import Gateway
 from kvserve.frontend.tools import ToolRequest
 from kvserve.frontend.tracing_seam import annotate_request, annotate_response
 

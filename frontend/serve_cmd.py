@@ -32,8 +32,9 @@ from kvserve.frontend.replica_sources import is_dns_url
 from kvserve.frontend.api_keys import load_api_keys
 from kvserve.frontend.cache_salt import load_secret
 from kvserve.frontend.drain import drain
-from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
-                                    DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
+from kvserve.frontend.gateway import Gateway
+from kvserve.frontend.gateway_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
+                                             DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, GatewayConfig)
 from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
 from kvserve.frontend.embed_client import TritonEmbeddingClient

@@ -13,7 +13,8 @@ from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.openapi import openapi_document
 from kvserve.frontend.protocol import BackendUnavailable, GenerateRequest
 from kvserve.frontend.replicas import ReplicaSet
-from kvserve.frontend.state import Gateway, GatewayConfig
+from kvserve.frontend.gateway import Gateway
+from kvserve.frontend.gateway_config import GatewayConfig
 
 from gw_fakes import FakeBackend
 
