@@ -26,9 +26,9 @@ from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
-from kvserve.frontend.replica_flags import (add_replica_flags, build_backend, is_remote, positive_number,
-                                            validate_replica_flags)
-from kvserve.frontend.replica_sources import is_dns_url
+from kvserve.frontend.replicas.flags import (add_replica_flags, build_backend, is_remote, positive_number,
+                                             validate_replica_flags)
+from kvserve.frontend.replicas.sources import is_dns_url
 from kvserve.frontend.api_keys import load_api_keys
 from kvserve.frontend.cache_salt import load_secret
 from kvserve.frontend.drain import drain

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from kvserve.frontend.protocol import BackendClient
-from kvserve.frontend.replica_sources import Target, default_metrics_url, is_dns_url, sources_from_flags
-from kvserve.frontend.replicas import ReplicaSet
-from kvserve.frontend.routing import RoutingPolicy
-from kvserve.frontend.routing_key import DEFAULT_BLOCK_SIZE, PrefixKey
+from kvserve.frontend.replicas.sources import Target, default_metrics_url, is_dns_url, sources_from_flags
+from kvserve.frontend.replicas.replica_set import ReplicaSet
+from kvserve.frontend.replicas.routing import RoutingPolicy
+from kvserve.frontend.replicas.routing_key import DEFAULT_BLOCK_SIZE, PrefixKey
 from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 

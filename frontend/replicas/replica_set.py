@@ -32,13 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
-from kvserve.frontend.metrics_merge import merge_exposition
+from kvserve.frontend.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
                                        GenerateRequest, ModelFacts)
-from kvserve.frontend.replica_metrics import RouterMetrics
-from kvserve.frontend.replica_sources import Source, Target, gather_targets
-from kvserve.frontend.routing import RoutingPolicy, choose
-from kvserve.frontend.routing_key import KeyFunction
+from kvserve.frontend.replicas.router_metrics import RouterMetrics
+from kvserve.frontend.replicas.sources import Source, Target, gather_targets
+from kvserve.frontend.replicas.routing import RoutingPolicy, choose
+from kvserve.frontend.replicas.routing_key import KeyFunction
 
 log = logging.getLogger("kvserve.frontend.replicas")
 
