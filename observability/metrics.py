@@ -143,7 +143,3 @@ SPECS_BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
 
 # Pre-created so each series exists at 0 and rate() works from the first scrape.
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-
-# Re-exports: one import for the catalogue and both adapters.
-from .metrics_backend import BackendMetrics  # noqa: E402
-from .metrics_gateway import GatewayMetrics, prometheus_metrics  # noqa: E402
