@@ -20,6 +20,9 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_HEADER_TIMEOUT_S = 75.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_STREAM_BUFFER = 8 * 1024 * 1024
+# A stream whose client reads nothing for this long is cancelled (write_stall.py): long enough
+# for a mobile client's network to come back, short enough that a stuck one frees its KV blocks.
+DEFAULT_WRITE_TIMEOUT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -32,6 +35,7 @@ class GatewayConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S
     max_stream_buffer_bytes: int = DEFAULT_MAX_STREAM_BUFFER
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
     # From the flag or the model folder; else learned from the backend (Gateway.learn_model_facts).
     max_model_len: int | None = None
     learn_served_name: bool = False  # no --served-model-name in front of remote backends: ask them
