@@ -87,7 +87,7 @@ class LLMEngine:
         admits off this thread and passes the `AdmittedPrompt`. Likewise `compiled_grammar`:
         the AsyncEngine compiles off this thread; without it a constrained request is compiled here."""
         if request_id in self.groups:
-            raise invalid("request_id", f"{request_id!r} is already in flight")
+            raise invalid("request_id", "a request with this id is already in flight")
         if not isinstance(prompt, AdmittedPrompt):
             prompt = admit(prompt, params, self.limits, self.tokenizer.encode)
         ids = prompt.token_ids
