@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kvserve.kernels import cpu_native
 from kvserve.kernels.cpu_paged_attention import KVStorePlan, PagedAttentionPlan
 from kvserve.kernels.rms_norm import rms_norm_torch
 from kvserve.kernels.rotary import rotary_embedding_torch, rotate_torch
@@ -22,6 +23,7 @@ class TorchOps:
     name = "torch"
 
     def __init__(self) -> None:
+        cpu_native.available()  # build (or find the cached) native kernel now, not at the first decode step
         self._attention: tuple[object, PagedAttentionPlan] | None = None
         self._store: tuple[torch.Tensor, KVStorePlan] | None = None
         self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -34,7 +36,8 @@ class TorchOps:
     def attention(self, query, key_cache, value_cache, meta, scale: float) -> torch.Tensor:
         if self._attention is None or self._attention[0] is not meta:
             self._attention = (meta, PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                                        key_cache.shape[1], meta.decode_only))
+                                                        key_cache.shape[1], meta.decode_only,
+                                                        key_cache.shape[0]))
         return self._attention[1].run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):

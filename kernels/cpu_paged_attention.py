@@ -1,7 +1,8 @@
 """The CPU path's attention over the paged KV cache, planned once per step instead of once per layer.
 
-Same contract and same arithmetic as `paged_attention_ref` (the results are
-bitwise those of the references), but everything that depends only on the
+Same contract as `paged_attention_ref`, and the same arithmetic (bitwise the
+references' results) except in float32 decode rows, which the native kernel
+of cpu_native.py computes reading the caches in place. Everything that depends only on the
 step's metadata (flat slot ids of each context, masks, which rows decode,
 host-side lengths) is computed once in a `PagedAttentionPlan` and reused by
 every layer. Two more things matter on the CPU:
@@ -18,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvserve.kernels import cpu_native
+
 
 def _flat_rows(cache: torch.Tensor) -> torch.Tensor:
     """[num_blocks, block_size, Hkv, D] -> [num_blocks * block_size, Hkv * D] (a view)."""
@@ -30,25 +33,49 @@ def _slot_ids(block_table_rows: torch.Tensor, num_blocks: int, block_size: int) 
 
 
 class _DecodePlan:
-    """Batched decode: one query row per request over a span padded to the longest context."""
+    """Batched decode: one query row per request.
 
-    def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int) -> None:
+    In float32 with the native kernel built (kernels/cpu_native.py) the caches are
+    read in place through the block table; otherwise each layer gathers the
+    contexts, padded to the longest, and runs SDPA on the copies."""
+
+    def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
+                 num_cache_blocks: int) -> None:
         self.batch = block_tables.shape[0]
         num_blocks = (max_len + block_size - 1) // block_size
+        self.native = cpu_native.available() and block_tables.device.type == "cpu"
+        if self.native:
+            # The kernel trusts its indices: check them here, once per step, not per token.
+            if block_tables.shape[1] < num_blocks or int(seq_lens.min()) < 1 or (
+                    block_tables.numel() and int(block_tables.max()) >= num_cache_blocks):
+                raise ValueError("decode attention: block table shorter than a context, an empty context, "
+                                 "or a block id beyond the cache")
+            self.tables = block_tables.to(torch.int32).contiguous()
+            self.lens = seq_lens.to(torch.int32).contiguous()
         self.span = num_blocks * block_size
-        self.slots = _slot_ids(block_tables, num_blocks, block_size)
-        positions = torch.arange(self.span, device=block_tables.device)
-        self.mask = (positions[None, :] < seq_lens[:, None].to(block_tables.device))[:, None, None, :]
+        self._tables, self._seq_lens, self._block_size = block_tables, seq_lens, block_size
+        self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _gather_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._gather is None:
+            slots = _slot_ids(self._tables, self.span // self._block_size, self._block_size)
+            positions = torch.arange(self.span, device=self._tables.device)
+            mask = (positions[None, :] < self._seq_lens[:, None].to(self._tables.device))[:, None, None, :]
+            self._gather = (slots, mask)
+        return self._gather
 
     def run(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             scale: float) -> torch.Tensor:
+        if self.native and cpu_native.supports(query, key_cache):
+            return cpu_native.paged_decode(query, key_cache, value_cache, self.tables, self.lens, scale)
+        slots, mask = self._gather_plan()
         batch, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]
-        k, v = (_flat_rows(cache).index_select(0, self.slots)
+        k, v = (_flat_rows(cache).index_select(0, slots)
                 .view(batch, self.span, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
                 for cache in (key_cache, value_cache))
         o = F.scaled_dot_product_attention(query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim),
-                                           k, v, attn_mask=self.mask, scale=scale)
+                                           k, v, attn_mask=mask, scale=scale)
         return o.reshape(batch, num_heads, head_dim)
 
 
@@ -88,13 +115,13 @@ class PagedAttentionPlan:
     """What every layer's attention of one step shares, built from the step's metadata."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                 block_size: int, decode_only: bool) -> None:
+                 block_size: int, decode_only: bool, num_cache_blocks: int) -> None:
         lens = seq_lens.tolist()
         self.decode_rows: torch.Tensor | None = None
         self.decode: _DecodePlan | None = None
         self.prefills: list[_PrefillPlan] = []
         if decode_only:
-            self.decode = _DecodePlan(block_tables, seq_lens, max(lens), block_size)
+            self.decode = _DecodePlan(block_tables, seq_lens, max(lens), block_size, num_cache_blocks)
             return
         starts = query_start_loc.tolist()
         decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
@@ -102,7 +129,8 @@ class PagedAttentionPlan:
             dev = block_tables.device
             idx = torch.tensor(decodes, device=dev)
             self.decode_rows = torch.tensor([starts[i] for i in decodes], device=dev)
-            self.decode = _DecodePlan(block_tables[idx], seq_lens[idx], max(lens[i] for i in decodes), block_size)
+            self.decode = _DecodePlan(block_tables[idx], seq_lens[idx], max(lens[i] for i in decodes), block_size,
+                                      num_cache_blocks)
         self.prefills = [_PrefillPlan(block_tables[i], starts[i], starts[i + 1], seq_len, block_size)
                          for i, seq_len in enumerate(lens) if starts[i + 1] - starts[i] > 1]
 

@@ -1,13 +1,14 @@
-"""The CPU path's per-step plans give bitwise the references' results, layer after layer, step after step."""
+"""The CPU path's per-step plans give the references' results layer after layer, step after step; the native decode kernel too."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 import torch
-from kernel_test_inputs import make_paged_kv
+from kernel_test_inputs import assert_close, make_paged_kv
 
 from kvserve.backend.ops import TorchOps
+from kvserve.kernels import cpu_native
 from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
 from kvserve.kernels.rotary import rotary_embedding_torch
@@ -27,8 +28,18 @@ def _reference(query, kv, meta):
                                          meta.query_start_loc, 0.125)
 
 
+@pytest.fixture(params=["torch", "native"])
+def decode_path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "available", lambda: False)
+    elif not cpu_native.available():
+        pytest.skip("no C compiler: the native kernel is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [20, 1, 5, 1], [1, 33, 1, 1], [7, 3, 2, 40]])
-def test_attention_equals_reference_across_layers_and_steps(query_lens):
+def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_path):
+    """The torch path is bitwise the reference; the native kernel's decode rows are within float32 rounding."""
     gen = torch.Generator().manual_seed(len(query_lens) + sum(query_lens))
     ops = TorchOps()
     # Two "steps" with other lengths and tables: the second must not reuse the first's plan.
@@ -40,7 +51,49 @@ def test_attention_equals_reference_across_layers_and_steps(query_lens):
             query = torch.randn(sum(query_lens), 9, 64, generator=gen)
             kv = kv._replace(key_cache=kv.key_cache + layer, value_cache=kv.value_cache * (layer + 1))
             got = ops.attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
-            assert torch.equal(got, _reference(query, kv, meta)), (step, layer)
+            want = _reference(query, kv, meta)
+            if decode_path == "torch":
+                assert torch.equal(got, want), (step, layer)
+            else:
+                assert_close(got, want, torch.float32)
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
+                         [(9, 3, 64, 16), (8, 8, 32, 1), (32, 4, 128, 32), (4, 1, 80, 8)])
+def test_native_decode_kernel_matches_reference(num_heads, num_kv_heads, head_dim, block_size):
+    gen = torch.Generator().manual_seed(num_heads * head_dim + block_size)
+    seq_lens = [1, 2, block_size, block_size + 1, 300, 77]
+    kv = make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.float32, torch.device("cpu"), gen)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
+    got = cpu_native.paged_decode(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.1)
+    want = paged_decode_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.1)
+    assert_close(got, want, torch.float32)
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+@pytest.mark.parametrize("seq_lens", [[1], [700], [33, 5]])
+def test_native_decode_kernel_splits_few_requests_by_kv_head(seq_lens):
+    """Fewer requests than twice the threads (one request: always): work items are (request, kv head) pairs."""
+    gen = torch.Generator().manual_seed(sum(seq_lens))
+    kv = make_paged_kv(seq_lens, 3, 64, 16, torch.float32, torch.device("cpu"), gen)
+    query = torch.randn(len(seq_lens), 9, 64, generator=gen)
+    got = cpu_native.paged_decode(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.125)
+    want = paged_decode_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.125)
+    assert_close(got, want, torch.float32)
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+def test_native_plan_refuses_tables_that_would_read_outside_the_cache():
+    gen = torch.Generator().manual_seed(9)
+    kv = make_paged_kv([40, 20], 2, 64, 16, torch.float32, torch.device("cpu"), gen)
+    for tables, lens in ((kv.block_tables[:, :2], kv.seq_lens),          # 40 tokens need 3 blocks
+                         (kv.block_tables + kv.key_cache.shape[0], kv.seq_lens),  # ids past the cache
+                         (kv.block_tables, torch.tensor([40, 0], dtype=torch.int32))):  # empty context
+        meta = SimpleNamespace(decode_only=True, block_tables=tables, seq_lens=lens,
+                               query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32))
+        with pytest.raises(ValueError, match="decode attention"):
+            TorchOps().attention(torch.randn(2, 4, 64), kv.key_cache, kv.value_cache, meta, 0.125)
 
 
 def test_store_kv_equals_reference_with_skipped_slots():
