@@ -174,7 +174,7 @@ class AsyncEngine:
             if limit is not None and self._stats.num_requests_waiting + len(self._pending) >= limit:
                 raise EngineOverloaded(f"the waiting queue is full ({limit} requests)")
             if request_id in self._pending:
-                raise invalid("request_id", f"{request_id!r} is already in flight")
+                raise invalid("request_id", "a request with this id is already in flight")
             self._pending[request_id] = False
         item = _Add(request_id, None, params, callback, traceparent, arrival)
         if isinstance(prompt, str) and len(prompt) > LONG_TEXT_CHARS:
@@ -341,7 +341,7 @@ class AsyncEngine:
 
     def _drop(self, item: _Add) -> None:
         """An abort came before the request reached the engine: it ends here, never run."""
-        if self.config.log_scheduling:
+        if self.config.debug.log_scheduling:
             log.info("request %s ended (abort): never scheduled", item.request_id)
         choices = [CompletionOutput(i, finish_reason="abort") for i in range(item.params.n)]
         try:

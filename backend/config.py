@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,18 @@ _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _QUANTIZATION = ("none", "int8", "int4")  # = models/quantize.py's modes (that module needs torch)
 _DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class DebugConfig:
+    """The engine's test hooks, all off by default. As strings they are set by their own names,
+    like any engine argument (KVSERVE_FAULT_INJECTION_STEP, a config.pbtxt parameter), and in
+    Python as `EngineConfig(debug=DebugConfig(...))` or `LLM(..., debug=DebugConfig(...))`."""
+    # Raise inside the model forward at this step, once (reliability tests).
+    fault_injection_step: int | None = None
+    # Log when each request is first scheduled and when it is aborted or failed (reliability
+    # tests prove from it that a request dropped while queued never ran).
+    log_scheduling: bool = False
 
 
 @dataclass(slots=True)
@@ -53,11 +65,8 @@ class EngineConfig:
     # CPU cores the engine leaves to the serving path and the OS (vLLM's
     # VLLM_CPU_NUM_OF_RESERVED_CPU); see backend/cpu_threads.py.
     cpu_reserved_cores: int = 0
-    # Test hook: raise inside the model forward at this step, once (reliability tests).
-    fault_injection_step: int | None = None
-    # Debug aid: log when each request is first scheduled and when it is aborted or
-    # failed (reliability tests prove from it that a request dropped while queued never ran).
-    log_scheduling: bool = False
+    # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -104,17 +113,22 @@ class EngineConfig:
 
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """The engine arguments proper: every field but the debug section."""
+        return [f.name for f in dataclasses.fields(cls) if f.name != "debug"]
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """Every name `from_strings` takes: the engine arguments, then the test hooks."""
+        return cls.field_names() + [f.name for f in dataclasses.fields(DebugConfig)]
 
     @classmethod
     def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
         """Build from string values (config.pbtxt parameters, environment variables)."""
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in values:
-                continue
-            kwargs[f.name] = _parse_value(f.name, str(f.type), values[f.name])
-        return cls(**kwargs)
+        def parsed(fields: tuple[dataclasses.Field, ...]) -> dict[str, Any]:
+            return {f.name: _parse_value(f.name, str(f.type), values[f.name]) for f in fields if f.name in values}
+
+        kwargs = parsed(tuple(f for f in dataclasses.fields(cls) if f.name != "debug"))
+        return cls(**kwargs, debug=DebugConfig(**parsed(dataclasses.fields(DebugConfig))))
 
 
 def _positive(name: str, value: int) -> None:
@@ -147,7 +161,7 @@ def _parse_value(name: str, type_name: str, raw: str) -> Any:
 def env_overrides(prefix: str = "KVSERVE_") -> dict[str, str]:
     """Engine arguments from the environment, e.g. KVSERVE_MAX_NUM_SEQS=8."""
     out = {}
-    for name in EngineConfig.field_names():
+    for name in EngineConfig.setting_names():
         key = prefix + name.upper()
         if key in os.environ:
             out[name] = os.environ[key]

@@ -87,7 +87,7 @@ class LLMEngine:
         admits off this thread and passes the `AdmittedPrompt`. Likewise `compiled_grammar`:
         the AsyncEngine compiles off this thread; without it a constrained request is compiled here."""
         if request_id in self.groups:
-            raise invalid("request_id", f"{request_id!r} is already in flight")
+            raise invalid("request_id", "a request with this id is already in flight")
         if not isinstance(prompt, AdmittedPrompt):
             prompt = admit(prompt, params, self.limits, self.tokenizer.encode)
         ids = prompt.token_ids
@@ -139,7 +139,7 @@ class LLMEngine:
         outputs = []
         for child_id in group.children:
             seq = self.sequences[child_id]
-            if self.config.log_scheduling and not seq.reported_finish:
+            if self.config.debug.log_scheduling and not seq.reported_finish:
                 state = "running" if seq.request.times.first_scheduled is not None else "never scheduled"
                 log.info("request %s ended (%s): %s", child_id, status.value, state)
             if not seq.reported_finish:
@@ -158,7 +158,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_timeouts()
         sched = self.scheduler.schedule()
-        if self.config.log_scheduling:
+        if self.config.debug.log_scheduling:
             for rid in sched.new_request_ids:
                 log.info("request %s scheduled", rid)
         if sched.is_empty:

@@ -257,7 +257,8 @@ class ModelRunner:
         self.update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
         self.num_steps += 1
         # One-shot, so a test sees the engine fail and then recover.
-        if self.config.fault_injection_step is not None and self.num_steps == self.config.fault_injection_step:
+        fault_step = self.config.debug.fault_injection_step
+        if fault_step is not None and self.num_steps == fault_step:
             raise InjectedFault(f"injected fault at step {self.num_steps}")
         input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
         if self.graphs is not None and meta.decode_only and self.graphs.can_run(input_ids.shape[0]):

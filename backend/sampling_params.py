@@ -1,4 +1,8 @@
-"""Sampling parameters of one request. Every bad value raises a ValueError (`RequestError`) naming the field."""
+"""Sampling parameters of one request. Every bad value raises a ValueError (`RequestError`, from `invalid`) naming the field.
+
+The messages name the field and the rule, never the value: a direct gRPC client's error must not
+carry its own request's bytes back (reflected into a log viewer or a page, they are an injection).
+"""
 from __future__ import annotations
 
 import math
@@ -6,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvserve.backend.structured.spec import GrammarSpec, parse_spec
-from kvserve.seam.error_wire import RequestError, invalid
+from kvserve.seam.error_wire import invalid
 from kvserve.seam.limits import (MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
                                  MAX_TIMEOUT_S)
 
@@ -56,13 +60,13 @@ class SamplingParams:
         _float_in("temperature", self.temperature, 0.0, 100.0)
         _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if not _is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
-            raise invalid("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+            raise invalid("top_k", "must be -1, 0 (disabled) or a positive integer")
         _float_in("min_p", self.min_p, 0.0, 1.0)
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
         if self.seed is not None and not _is_int(self.seed):
-            raise invalid("seed", f"must be an integer, got {self.seed!r}")
+            raise invalid("seed", "must be an integer")
         if len(self.stop) > MAX_STOP:
             raise invalid("stop", f"at most {MAX_STOP} stop strings")
         for s in self.stop:
@@ -78,7 +82,7 @@ class SamplingParams:
             raise invalid("logit_bias", f"must be a map of at most {MAX_LOGIT_BIAS} token ids to biases")
         for token, bias in self.logit_bias.items():
             if not _is_int(token) or token < 0:
-                raise invalid("logit_bias", f"token ids must be non-negative integers, got {token!r}")
+                raise invalid("logit_bias", "token ids must be non-negative integers")
             _float_in("logit_bias", bias, -MAX_LOGIT_BIAS_VALUE, MAX_LOGIT_BIAS_VALUE)
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise invalid("cache_salt", "must be a non-empty string")
@@ -100,10 +104,10 @@ class SamplingParams:
             raise invalid("top_k", f"must be <= the vocabulary size {vocab_size}")
         for t in self.stop_token_ids:
             if t >= vocab_size:
-                raise invalid("stop_token_ids", f"token id {t} is outside the vocabulary ({vocab_size})")
+                raise invalid("stop_token_ids", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
         for t in self.logit_bias:
             if t >= vocab_size:
-                raise invalid("logit_bias", f"token id {t} is outside the vocabulary ({vocab_size})")
+                raise invalid("logit_bias", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
 
     @classmethod
     def from_dict(cls, data: Any) -> "SamplingParams":
@@ -113,12 +117,12 @@ class SamplingParams:
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise RequestError(f"{unknown[0]}: unknown sampling parameter", "sampling_parameters")
+            raise invalid("sampling_parameters", "has an unknown field")
         values = {k: v for k, v in data.items() if v is not None}  # JSON keys of logit_bias: see __post_init__
         try:
             return cls(**values)
         except TypeError as exc:
-            raise invalid("sampling_parameters", str(exc)) from None
+            raise invalid("sampling_parameters", "a field has the wrong type") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -133,12 +137,12 @@ def _is_int_keyed(mapping: Any) -> bool:
 def _int_in(name: str, value: Any, low: int, high: int | None) -> None:
     if not _is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise invalid(name, f"must be an integer {bound}, got {value!r}")
+        raise invalid(name, f"must be an integer {bound}")
 
 
 def _float_in(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(name, f"must be a finite number, got {value!r}")
+        raise invalid(name, "must be a finite number")
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["
-        raise invalid(name, f"must be in {bracket}{low}, {high}], got {value!r}")
+        raise invalid(name, f"must be in {bracket}{low}, {high}]")

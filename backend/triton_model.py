@@ -51,7 +51,7 @@ def engine_config_from_triton(model_config: dict) -> EngineConfig:
     """Parameters from config.pbtxt, overridden by KVSERVE_* environment variables."""
     values = {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
     values.update(env_overrides())
-    values = {k: v for k, v in values.items() if k in EngineConfig.field_names()}
+    values = {k: v for k, v in values.items() if k in EngineConfig.setting_names()}
     given = values.get("model", "")
     values["model"] = resolve_model_arg(given)
     if not values.get("served_model_name"):

@@ -7,9 +7,12 @@ tenant never reuse another's cached KV blocks (see cache_salt.py).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 
-from kvserve.frontend.state import DEFAULT_TENANT
+# Keys given with --api-key (not the keys file) belong to this tenant.
+DEFAULT_TENANT = "default"
 
 
 class KeyFileError(ValueError):
@@ -44,3 +47,23 @@ def load_api_keys(cli_keys: list[str] | None, keys_file: str | None) -> dict[str
                 raise KeyFileError("an --api-key is also in the api keys file under another tenant")
             keys[key] = DEFAULT_TENANT
     return keys
+
+
+def key_digest(key: str) -> bytes:
+    """The one digest of a key, for the table built at start-up and for each presented token
+    alike. surrogatepass: a key read from argv or a header may hold lone surrogates, and it must
+    still encode (to the same bytes on both sides) rather than fail."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def match_key(token: str, digests: list[tuple[bytes, str]]) -> str | None:
+    """The tenant of `token`, compared against every key in constant time.
+
+    No early exit: the time taken does not depend on which key (if any)
+    matched; comparing fixed-length digests also hides the keys' lengths."""
+    presented = key_digest(token)
+    tenant = None
+    for digest, owner in digests:
+        if hmac.compare_digest(presented, digest):
+            tenant = owner
+    return tenant

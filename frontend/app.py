@@ -9,7 +9,7 @@ from kvserve.frontend.handlers_openai import create_chat_completion, create_comp
 from kvserve.frontend.cors import add_cors_headers, preflight
 from kvserve.frontend.http_server import GatewayRunner
 from kvserve.frontend.middleware import auth, errors, observe, trusted_host
-from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.gateway import GATEWAY, Gateway
 
 # Streams end within this after shutdown begins; their Triton requests are cancelled.
 SHUTDOWN_TIMEOUT_S = 5.0

@@ -11,7 +11,7 @@ import sys
 SUBCOMMANDS = {
     "serve": ("kvserve.frontend.serve_cmd", "one command: embedded Triton host + OpenAI gateway"),
     "triton": ("kvserve.backend.host.server", "run the embedded Triton-compatible host alone"),
-    "bench": ("kvserve.loadtests.bench_cli", "serving benchmark against an OpenAI-compatible URL"),
+    "bench": ("kvserve.loadtests.bench.bench_cli", "serving benchmark against an OpenAI-compatible URL"),
     "pull": ("kvserve.frontend.pull_cmd", "fetch known models (default: SmolLM2-135M-Instruct) into the cache"),
     "make-tiny-model": ("kvserve.backend.models.tiny", "write a small random model in the Hugging Face layout"),
 }

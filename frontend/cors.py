@@ -18,7 +18,7 @@ from aiohttp import web
 from kvserve.frontend.cors_policy import ANY, CorsPolicy
 from kvserve.frontend.api_errors import ApiError
 from kvserve.frontend.middleware import Handler
-from kvserve.frontend.state import GATEWAY
+from kvserve.frontend.gateway import GATEWAY
 
 _PREFLIGHT_MAX_AGE_S = "600"
 

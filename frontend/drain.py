@@ -15,7 +15,7 @@ import logging
 from typing import Callable
 
 from kvserve.frontend.protocol import ShuttingDown
-from kvserve.frontend.state import Gateway
+from kvserve.frontend.gateway import Gateway
 
 log = logging.getLogger("kvserve.frontend.serve")
 _POLL_S = 0.05

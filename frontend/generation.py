@@ -29,7 +29,7 @@ from kvserve.frontend.responses import (
 )
 from kvserve.frontend.tool_parser import Event, HermesToolParser
 from kvserve.frontend.sse_writer import SseWriter
-from kvserve.frontend.state import Gateway
+from kvserve.frontend.gateway import Gateway
 from kvserve.frontend.tools import ToolRequest
 from kvserve.frontend.tracing_seam import annotate_request, annotate_response
 
@@ -175,7 +175,8 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
             await fan.prefetch()
         except BackendError as exc:
             raise _api_error(gateway, call, exc) from None
-        writer = await SseWriter.open(request, {"X-Request-Id": request_id()})
+        writer = await SseWriter.open(request, {"X-Request-Id": request_id()},
+                                      write_timeout=gateway.config.write_timeout, name=call.rid)
         gateway.metrics.stream_started()
         try:
             for state in choices:  # the opening chunk of each choice
@@ -214,6 +215,7 @@ async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list
         except ConnectionError:
             pass  # the client went away; leaving the `async with` cancels the backend requests
         finally:
+            writer.close()
             gateway.metrics.stream_finished()
             annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
         return writer.response

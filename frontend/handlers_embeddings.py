@@ -23,7 +23,7 @@ from kvserve.frontend.api_errors import ApiError, bad_request, from_backend, mod
 from kvserve.frontend.middleware import request_span
 from kvserve.frontend.protocol import BackendError, EmbedRequest
 from kvserve.frontend.request_body import read_json_body
-from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.gateway import GATEWAY, Gateway
 from kvserve.frontend.tracing_seam import annotate_embeddings, backend_traceparent
 
 

@@ -13,7 +13,7 @@ from kvserve.frontend.api_errors import backend_unavailable, bad_request, shutti
 from kvserve.frontend.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openapi import openapi_document
 from kvserve.frontend.request_body import read_json_body
-from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.gateway import GATEWAY, Gateway
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -15,7 +15,7 @@ from kvserve.frontend.middleware import request_span, request_tenant
 from kvserve.frontend.protocol import GenerateRequest
 from kvserve.frontend.request_body import read_json_body
 from kvserve.frontend.cache_salt import effective_cache_salt
-from kvserve.frontend.state import GATEWAY, Gateway
+from kvserve.frontend.gateway import GATEWAY, Gateway
 from kvserve.frontend.tools import ToolRequest, render_messages
 from kvserve.frontend.tracing_seam import backend_traceparent
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
-import hmac
 import logging
 import re
 import time
@@ -27,8 +25,9 @@ from aiohttp import web
 from opentelemetry import trace
 
 from kvserve.frontend.api_errors import ApiError, internal_error
+from kvserve.frontend.api_keys import match_key
 from kvserve.frontend.openapi import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS
-from kvserve.frontend.state import GATEWAY
+from kvserve.frontend.gateway import GATEWAY
 from kvserve.frontend.tracing_seam import UNMATCHED_ROUTE, ServerSpan, start_server_span
 from kvserve.observability.logging import request_context
 
@@ -131,23 +130,6 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiErr
     except ValueError:
         phrase = "request failed"
     return ApiError(exc.status, phrase)
-
-
-def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-
-
-def match_key(token: str, digests: list[tuple[bytes, str]]) -> str | None:
-    """The tenant of `token`, compared against every key in constant time.
-
-    No early exit: the time taken does not depend on which key (if any)
-    matched; comparing fixed-length digests also hides the keys' lengths."""
-    presented = key_digest(token)
-    tenant = None
-    for digest, owner in digests:
-        if hmac.compare_digest(presented, digest):
-            tenant = owner
-    return tenant
 
 
 @web.middleware

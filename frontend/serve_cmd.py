@@ -26,14 +26,16 @@ from kvserve.frontend.engine_flags import ENGINE_FLAGS, add_engine_flags, engine
 from kvserve.frontend.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.protocol import BackendClient
-from kvserve.frontend.replica_flags import (add_replica_flags, build_backend, is_remote, positive_number,
-                                            validate_replica_flags)
-from kvserve.frontend.replica_sources import is_dns_url
+from kvserve.frontend.replicas.flags import (add_replica_flags, build_backend, is_remote, positive_number,
+                                             validate_replica_flags)
+from kvserve.frontend.replicas.sources import is_dns_url
 from kvserve.frontend.api_keys import load_api_keys
 from kvserve.frontend.cache_salt import load_secret
 from kvserve.frontend.drain import drain
-from kvserve.frontend.state import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
-                                    DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, Gateway, GatewayConfig)
+from kvserve.frontend.gateway import Gateway
+from kvserve.frontend.gateway_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
+                                             DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S,
+                                             DEFAULT_WRITE_TIMEOUT_S, GatewayConfig)
 from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
 from kvserve.frontend.embed_client import TritonEmbeddingClient
@@ -95,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stream-buffer-bytes", type=parse_bytes, default=DEFAULT_MAX_STREAM_BUFFER,
                    help="output a streaming client leaves unread beyond this cancels its request and drops the "
                         "connection (default 8MiB)")
+    p.add_argument("--write-timeout", type=positive_number, default=DEFAULT_WRITE_TIMEOUT_S, metavar="SECONDS",
+                   help="a streaming client that reads nothing for this long has its request cancelled (its KV "
+                        f"blocks freed) and the connection dropped (default {DEFAULT_WRITE_TIMEOUT_S:g})")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
     tools = p.add_argument_group("tool calling (same names as vLLM)")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -277,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             header_timeout=args.header_timeout,
             body_timeout=args.body_timeout,
             max_stream_buffer_bytes=args.max_stream_buffer_bytes,
+            write_timeout=args.write_timeout,
             # Derived from the model folder only when this process starts the engine:
             # a remote server may run with another --max-model-len.
             # (Unknown in front of remote backends without the flag: the gateway asks them.)

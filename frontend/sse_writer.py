@@ -11,6 +11,8 @@ from typing import Any
 from aiohttp import web
 from sse_starlette import ServerSentEvent
 
+from kvserve.frontend.write_stall import WriteStallWatch
+
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -36,19 +38,35 @@ def encode_json(payload: dict[str, Any]) -> bytes:
 class SseWriter:
     def __init__(self, response: web.StreamResponse) -> None:
         self._response = response
+        self._written = 0
+        self._watch: WriteStallWatch | None = None
 
     @classmethod
-    async def open(cls, request: web.Request, headers: dict[str, str] | None = None) -> SseWriter:
+    async def open(cls, request: web.Request, headers: dict[str, str] | None = None,
+                   write_timeout: float | None = None, name: str = "") -> SseWriter:
+        """With `write_timeout`, a client that reads nothing for that long loses the connection
+        (write_stall.py); call close() when the stream ends."""
         response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
-        return cls(response)
+        writer = cls(response)
+        if write_timeout is not None and request.transport is not None:
+            writer._watch = WriteStallWatch(request.transport, lambda: writer._written, write_timeout, name)
+        return writer
+
+    async def _write(self, data: bytes) -> None:
+        self._written += len(data)
+        await self._response.write(data)
 
     async def send(self, payload: dict[str, Any]) -> None:
-        await self._response.write(encode_json(payload))
+        await self._write(encode_json(payload))
 
     async def done(self) -> None:
-        await self._response.write(encode_event(DONE))
+        await self._write(encode_event(DONE))
         await self._response.write_eof()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
 
     @property
     def response(self) -> web.StreamResponse:

@@ -41,7 +41,7 @@ STAGES = ("install", *BUDGET_S)
 # Modules whose import proves the bundle complete: the engine, the host, the gateway, the kernels, tracing.
 IMPORTS = ("kvserve.backend.engine", "kvserve.backend.host.grpc_service", "kvserve.frontend.app",
            "kvserve.frontend.serve_cmd", "kvserve.kernels.triton_ops", "kvserve.observability.tracing",
-           "kvserve.loadtests.bench_cli", "kvserve.backend.structured.compiler", "kvserve.seam",
+           "kvserve.loadtests.bench.bench_cli", "kvserve.backend.structured.compiler", "kvserve.seam",
            "xgrammar", "jsonschema", "gguf", "tritonclient.grpc.aio", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
            "opentelemetry.exporter.otlp.proto.http.trace_exporter", "transformers")
 

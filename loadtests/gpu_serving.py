@@ -121,7 +121,7 @@ def _run(cmd: list[str], timeout: float, log_path: Path) -> dict:
 def _serve_and_bench(label: str, model_dir: str, flags: list[str], load: Load, runs: dict[int, str], out: Path,
                      deadline: float, log_path: Path) -> dict:
     """One `kvserve serve`, warmed up, then one bench per concurrency C with baselines runs[C]."""
-    from kvserve.loadtests.baseline_kvserve import ServeProcess
+    from kvserve.loadtests.compare.baseline_kvserve import ServeProcess
     from kvserve.loadtests.compare import CompareUnavailable
 
     result: dict = {"serve_flags": flags, "runs": {}}

@@ -1,20 +1,20 @@
 """kvserve.observability: tracing, structured logs and metrics (a leaf package).
 
-Import order matters: tracing and metrics re-export their satellite modules
-(request_spans, metrics_backend, metrics_gateway), which import them back.
+Its modules import one another one way only (tests/contract checks there is no cycle):
+semconv and metrics (the catalogue) import nothing of the package; tracing builds on
+neither; request_spans and logging build on tracing; metrics_backend and metrics_gateway
+on the catalogue.
 """
 
 from __future__ import annotations
 
 from . import semconv
 from .tracing import (
-    RequestTimeline,
     current_traceparent,
     extract_context,
     flush_tracing,
     get_tracer,
     inject_traceparent,
-    record_request_spans,
     setup_tracing,
     shutdown_tracing,
     span_context_from_traceparent,
@@ -29,7 +29,10 @@ from .logging import (
     request_text,
     request_text_fields,
 )
-from .metrics import BACKEND_METRICS, CATALOGUE, GATEWAY_METRICS, BackendMetrics, GatewayMetrics, MetricKind, MetricSpec
+from .request_spans import RequestTimeline, record_request_spans
+from .metrics import BACKEND_METRICS, CATALOGUE, GATEWAY_METRICS, MetricKind, MetricSpec
+from .metrics_backend import BackendMetrics
+from .metrics_gateway import GatewayMetrics
 
 __all__ = [
     "BACKEND_METRICS", "CATALOGUE", "GATEWAY_METRICS", "BackendMetrics", "GatewayMetrics", "MetricKind",

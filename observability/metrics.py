@@ -113,7 +113,7 @@ HTTP_STREAMS_IN_FLIGHT = MetricSpec(
     "SSE responses currently open; a streamed request opens its response with its first token "
     "(until then it waits in the engine's queue: see num_requests_waiting).")
 
-# --- gateway router (only when it balances several replicas; frontend/replicas.py) ---
+# --- gateway router (only when it balances several replicas; frontend/replicas/replica_set.py) ---
 ROUTER_REQUESTS = MetricSpec("kvserve:router_requests_total", C,
                              "Backend requests routed, by replica and decision (affinity, least_loaded, retry).",
                              labels=("replica", "decision"))
@@ -143,7 +143,3 @@ SPECS_BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOGUE}
 
 # Pre-created so each series exists at 0 and rate() works from the first scrape.
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-
-# Re-exports: one import for the catalogue and both adapters.
-from .metrics_backend import BackendMetrics  # noqa: E402
-from .metrics_gateway import GatewayMetrics, prometheus_metrics  # noqa: E402

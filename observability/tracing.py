@@ -265,8 +265,3 @@ def format_trace_id(trace_id: int) -> str:
 
 def format_span_id(span_id: int) -> str:
     return format(span_id, "016x")
-
-
-# Re-exports: the backend imports everything trace-related from this module.
-from .request_spans import RequestTimeline, record_request_spans  # noqa: E402
-from .semconv import *  # noqa: E402,F401,F403

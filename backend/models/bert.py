@@ -27,11 +27,16 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from kvserve.backend.models import cpu_linear
+from kvserve.backend.models.cpu_linear import PackedLinear
 from kvserve.backend.models.loader import safetensors_files
 
 SUPPORTED_ENCODERS = ("BertModel", "BertForMaskedLM", "BertForPreTraining", "BertForSequenceClassification")
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                 "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+# The same activations as oneDNN post-ops of the FFN's first linear: (attr, algorithm) of _linear_pointwise.
+_FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
+                      "relu": ("relu", "")}
 # Padding a group of similar-length inputs may cost this fraction of its real tokens, no more.
 _MAX_GROUP_WASTE = 0.25
 
@@ -175,6 +180,35 @@ class EncoderLayer(nn.Module):
         return self.ffn_norm(x + self.ffn_out(self.act(self.ffn_in(x))))
 
 
+class PackedActLinear(PackedLinear):
+    """`PackedLinear` with the activation applied by oneDNN as it writes the output (one pass less)."""
+
+    def __init__(self, linear: nn.Linear, attr: str, algorithm: str) -> None:
+        super().__init__(linear.weight, linear.bias)
+        self.attr, self.algorithm = attr, algorithm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.attr, [], self.algorithm)
+
+
+def pack_encoder_linears(model: BertEncoder) -> BertEncoder:
+    """float32 on the CPU: every layer's linears as oneDNN `PackedLinear` (cpu_linear.py says why: the
+    sgemm of F.linear repacks its weight on every call), the FFN's activation fused into the first one."""
+    attr, algorithm = _FUSED_ACTIVATIONS[model.cfg.hidden_act]
+    with torch.no_grad():
+        for layer in model.layers:
+            for name in ("qkv", "attn_out", "ffn_out"):
+                linear = getattr(layer, name)
+                setattr(layer, name, PackedLinear(linear.weight, linear.bias))
+            layer.ffn_in = PackedActLinear(layer.ffn_in, attr, algorithm)
+            layer.act = _identity
+    return model
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class BertEncoder(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -254,4 +288,7 @@ def load_encoder(model_dir: str | Path, dtype: torch.dtype, device: torch.device
                if not all((id(p), s) in loaded for s in ((0, size, 2 * size) if ".qkv." in n else (None,)))]
     if missing:
         raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if cpu_linear.wanted(device, dtype, "none"):
+        pack_encoder_linears(model)
+    return model

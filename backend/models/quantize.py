@@ -14,7 +14,7 @@ stays as loaded, since a step reads only the rows of its tokens).
 Both kernels are fast only with bfloat16 activations (with float32 ones torch
 falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
 to bfloat16 at each quantized layer and the result cast back: that rounding is
-part of the modes' accuracy cost (loadtests/quant_accuracy.py measures it).
+part of the modes' accuracy cost (loadtests/studies/quant_accuracy.py measures it).
 """
 from __future__ import annotations
 

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from kvserve.loadtests.bench_request import BenchRequest
-from kvserve.loadtests.datasets import Dataset
-from kvserve.loadtests.prompt_builder import ExactPromptBuilder, PromptBuilder, TokenCounter, WordPromptBuilder
+from kvserve.loadtests.bench.bench_request import BenchRequest
+from kvserve.loadtests.bench.datasets import Dataset
+from kvserve.loadtests.bench.prompt_builder import ExactPromptBuilder, PromptBuilder, TokenCounter, WordPromptBuilder
 
 # key -> (name, what it is); the keys are what `--compare-baselines` takes.
 BASELINES: dict[str, tuple[str, str]] = {

@@ -193,7 +193,7 @@ def kvserve_bench_command(s: Settings, w: Workload, base_url: str, python: str, 
                 "--shared-prefix-output-len", str(w.output_len)]
     else:
         data += ["--num-prompts", str(w.num_prompts)]
-    argv = [python, "-m", "kvserve.loadtests.bench_cli", "--base-url", base_url, "--model", s.served_name,
+    argv = [python, "-m", "kvserve.loadtests.bench.bench_cli", "--base-url", base_url, "--model", s.served_name,
             "--tokenizer", str(s.hf_model), *data, "--max-concurrency", str(w.concurrency),
             "--num-warmups", str(w.num_warmups), "--ignore-eos", "--seed", str(s.seed),
             "--json", str(result), "--disable-tqdm"]

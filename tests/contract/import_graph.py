@@ -76,3 +76,67 @@ def transitive_imports(path: Path) -> dict[str, Path]:
 
 def python_files(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def module_of(path: Path) -> str:
+    """`ROOT/observability/tracing.py` -> `kvserve.observability.tracing`."""
+    rel = path.relative_to(ROOT)
+    folder = next(name for name, f in PACKAGES.items() if rel.parts[0] == f)
+    parts = [p for p in rel.with_suffix("").parts[1:] if p != "__init__"]
+    return ".".join(("kvserve", folder, *parts))
+
+
+def load_time_imports(path: Path) -> set[str]:
+    """kvserve modules `path` imports while it loads (module level, relative imports resolved):
+    imports inside functions run later and cannot make a cycle of import order."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    here = module_of(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or _type_checking_block(child):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = ".".join(package[:len(package) - child.level + 1]) if child.level else ""
+                module = ".".join(p for p in (base, child.module or "") if p)
+                found.add(module)
+                found.update(f"{module}.{alias.name}" for alias in child.names
+                             if module_file(f"{module}.{alias.name}") is not None)
+            walk(child)
+
+    walk(tree)
+    # A package is always loaded before its modules: naming it (`from . import x`) is no cycle.
+    ancestors = {".".join(here[:i]) for i in range(1, len(here) + 1)}
+    return {m for m in found if module_file(m) is not None and m not in ancestors}
+
+
+def import_cycle(folder: str) -> list[str] | None:
+    """One cycle of load-time imports among the modules under `folder`, or None."""
+    graph = {module_of(p): load_time_imports(p) for p in python_files(folder)}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target in graph and not state.get(target):
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if not state.get(module):
+            found = visit(module)
+            if found:
+                return found
+    return None

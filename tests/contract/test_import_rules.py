@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.contract.import_graph import ROOT, imports_of, python_files, transitive_imports
+from tests.contract.import_graph import PACKAGES, ROOT, import_cycle, imports_of, python_files, transitive_imports
 
 
 def _top(module: str) -> str:
@@ -50,3 +50,11 @@ def test_model_py_uses_only_what_tritonserver_provides() -> None:
     allowed = {"os", "triton_python_backend_utils"}
     bad = {m for m in imports_of(path) if m not in allowed and not m.startswith("kvserve.backend")}
     assert not bad, f"model.py imports {bad}"
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES.values()))
+def test_no_package_has_an_import_cycle(folder) -> None:
+    """A cycle of load-time imports makes import order matter (whichever module is imported first
+    sees the other half-initialised); observability had two, through re-exports."""
+    cycle = import_cycle(folder)
+    assert cycle is None, " -> ".join(cycle or ())

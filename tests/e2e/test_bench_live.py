@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kvserve.loadtests.bench_cli import main as bench_main
+from kvserve.loadtests.bench.bench_cli import main as bench_main
 from tests.reliability.served import start_served
 
 METRICS = ("ttft", "tpot", "itl", "e2el")

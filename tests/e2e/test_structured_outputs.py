@@ -19,7 +19,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("xgrammar")
 
-from kvserve.loadtests.structured_schemas import SCHEMAS  # noqa: E402
+from kvserve.loadtests.studies.structured_schemas import SCHEMAS  # noqa: E402
 from tests.reliability.served import start_served  # noqa: E402
 
 API_KEY = "sk-structured"

@@ -176,3 +176,15 @@ def test_checks_name_the_field(embedder):
     assert refused(embedder.check, [[embedder.vocab_size]], None) == (ErrorKind.INVALID, "input")
     assert refused(embedder.check, [[]], None) == (ErrorKind.INVALID, "input")
     assert refused(embedder.check_dimensions, 128) == (ErrorKind.INVALID, "dimensions")
+
+
+def test_cpu_fp32_encoder_runs_packed_onednn_linears(model_dir, embedder, texts, reference, monkeypatch):
+    from kvserve.backend.models.cpu_linear import PackedLinear
+    layer = embedder.model.layers[0]
+    assert all(isinstance(getattr(layer, n), PackedLinear) for n in ("qkv", "attn_out", "ffn_in", "ffn_out"))
+    monkeypatch.setenv("KVSERVE_CPU_PACKED_LINEAR", "0")  # F.linear and a separate GELU: the same vectors
+    plain = Embedder(EmbedderConfig(model=model_dir))
+    assert isinstance(plain.model.layers[0].ffn_in, torch.nn.Linear)
+    ids = embedder.tokenize(texts[:16], None)
+    assert _cosines(plain.finish(plain.embed(ids), None, None).numpy(), reference[:16]).min() >= MIN_COSINE
+    torch.testing.assert_close(embedder.embed(ids), plain.embed(ids), rtol=0, atol=1e-4)

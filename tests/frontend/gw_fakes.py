@@ -23,7 +23,8 @@ from kvserve.frontend.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from kvserve.frontend.state import Gateway, GatewayConfig
+from kvserve.frontend.gateway import Gateway
+from kvserve.frontend.gateway_config import GatewayConfig
 from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.seam.error_wire import ErrorKind
 

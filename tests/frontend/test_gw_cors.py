@@ -9,7 +9,7 @@ import pytest
 from gw_fakes import FakeBackend, GatewayServer, http, post
 from kvserve.frontend.cors_policy import CorsPolicy, cors_policy_from_args
 from kvserve.frontend.serve_cmd import build_parser
-from kvserve.frontend.state import GatewayConfig
+from kvserve.frontend.gateway_config import GatewayConfig
 
 APP = "https://app.example"
 KEY = "sk-cors-key"

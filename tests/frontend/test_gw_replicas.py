@@ -8,12 +8,13 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.frontend.app import build_app
-from kvserve.frontend.metrics_merge import merge_exposition
+from kvserve.frontend.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.model_info import derive_max_model_len
 from kvserve.frontend.openapi import openapi_document
 from kvserve.frontend.protocol import BackendUnavailable, GenerateRequest
-from kvserve.frontend.replicas import ReplicaSet
-from kvserve.frontend.state import Gateway, GatewayConfig
+from kvserve.frontend.replicas.replica_set import ReplicaSet
+from kvserve.frontend.gateway import Gateway
+from kvserve.frontend.gateway_config import GatewayConfig
 
 from gw_fakes import FakeBackend
 

@@ -347,3 +347,19 @@ def test_fuzz_stream_to_the_llm_model_never_internal(llm_host):
         one()
     assert seen and live.calls > 0 and live.worst < LIVE_BUDGET_S, live.worst
     assert _stream_all(llm_host.grpc_url, [_llm_request("after", b'{"max_tokens": 2}')])["after"] == ["ok"]
+
+
+def test_engine_validation_errors_name_the_field_not_the_value(llm_host):
+    # Each bad field carries a canary; the error must say which field and why, and quote none of it.
+    bad = {"top_k": {"top_k": "CANARY-topk"}, "seed": {"seed": "CANARY-seed"},
+           "max_tokens": {"max_tokens": 987654321.25}, "temperature": {"temperature": 31415.9265},
+           "n": {"n": "CANARY-n"}, "logit_key": {"logit_bias": {"CANARY-key": 1.0}},
+           "logit_value": {"logit_bias": {"7": "CANARY-bias"}}, "unknown": {"CANARY_field": 1},
+           "vocab": {"max_tokens": 2, "stop_token_ids": [987654321]}, "stop": {"stop": 12345678}}
+    params = {"top_k": "top_k", "seed": "seed", "max_tokens": "max_tokens", "temperature": "temperature",
+              "n": "n", "logit_key": "logit_bias", "logit_value": "logit_bias", "unknown": "sampling_parameters",
+              "vocab": "stop_token_ids", "stop": "sampling_parameters"}
+    out = _stream_all(llm_host.grpc_url, [_llm_request(k, json.dumps(v).encode()) for k, v in bad.items()])
+    for rid, message in out.items():
+        assert len(message) == 1 and "kind=invalid" in message[0] and params[rid] in message[0], (rid, message)
+        _assert_short_and_quiet(message[0], "CANARY", "987654321", "31415", "12345678")

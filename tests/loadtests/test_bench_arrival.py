@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from kvserve.loadtests.arrival import inter_arrival_gaps, paced, send_offsets
+from kvserve.loadtests.bench.arrival import inter_arrival_gaps, paced, send_offsets
 
 
 def _cv(x: np.ndarray) -> float:

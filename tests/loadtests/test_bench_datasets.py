@@ -9,10 +9,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from kvserve.loadtests.datasets import (
+from kvserve.loadtests.bench.datasets import (
     LognormalDataset, RandomDataset, SharedPrefixDataset, lognormal_lengths, uniform_lengths,
 )
-from kvserve.loadtests.prompt_builder import WORDS, ExactPromptBuilder, WordPromptBuilder
+from kvserve.loadtests.bench.prompt_builder import WORDS, ExactPromptBuilder, WordPromptBuilder
 
 from fake_openai_server import count_tokens
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvserve.loadtests.bench_cli import main
+from kvserve.loadtests.bench.bench_cli import main
 
 from fake_openai_server import CHAT_OVERHEAD, MODEL, count_body
 

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from kvserve.loadtests.bench_request import RequestRecord
-from kvserve.loadtests.metrics import (
+from kvserve.loadtests.bench.bench_request import RequestRecord
+from kvserve.loadtests.bench.metrics import (
     compute_metrics, meets_slos, parse_goodput, parse_percentiles, percentile_key, summarize,
 )
-from kvserve.loadtests.timeline import build_timeline
+from kvserve.loadtests.bench.timeline import build_timeline
 
 
 def rec(i: int, ttft: float, e2el: float, out: int, itl: list[float] | None = None,

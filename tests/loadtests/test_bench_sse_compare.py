@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from kvserve.loadtests.bench_request import BenchRequest
+from kvserve.loadtests.bench.bench_request import BenchRequest
 from kvserve.loadtests.compare import (
     GenerationOutput, build_requests, format_comparison, resolve_baselines, run_comparison,
 )
-from kvserve.loadtests.datasets import RandomDataset
-from kvserve.loadtests.sse import LineSplitter, data_payload, parse_payload
+from kvserve.loadtests.bench.datasets import RandomDataset
+from kvserve.loadtests.bench.sse import LineSplitter, data_payload, parse_payload
 
 
 def test_line_splitter_reassembles_across_chunk_boundaries():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from kvserve.loadtests.bench_cli import main
-from kvserve.loadtests.prompt_builder import WORDS
+from kvserve.loadtests.bench.bench_cli import main
+from kvserve.loadtests.bench.prompt_builder import WORDS
 
 from fake_openai_server import count_body
 

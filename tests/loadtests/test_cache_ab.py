@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvserve.loadtests.cache_ab import main, summarize
+from kvserve.loadtests.studies.cache_ab import main, summarize
 
 
 def test_summary_ratios():

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from kvserve.loadtests.bench_cli import main
+from kvserve.loadtests.bench.bench_cli import main
 from kvserve.loadtests.compare import resolve_baselines
-from kvserve.loadtests.compare_extrapolate import ServiceSample, fit_service_model, replay_serial, subset_indices
-from kvserve.loadtests.compare_prompts import token_prompts
-from kvserve.loadtests.compare_run import CompareOptions
-from kvserve.loadtests.datasets import LognormalDataset, SharedPrefixDataset
+from kvserve.loadtests.compare.compare_extrapolate import ServiceSample, fit_service_model, replay_serial, subset_indices
+from kvserve.loadtests.compare.compare_prompts import token_prompts
+from kvserve.loadtests.compare.compare_run import CompareOptions
+from kvserve.loadtests.bench.datasets import LognormalDataset, SharedPrefixDataset
 
 PER_BASELINE = ("duration", "output_throughput", "total_token_throughput", "request_throughput",
                 "p50_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_e2el_ms", "completed", "failed",
@@ -62,7 +62,7 @@ def test_compare_abc_reports_every_metric_and_consistent_ratios(llama_dir, tmp_p
 
 
 def test_offline_throughput_runs_and_prints_the_ratio(llama_dir, tmp_path, capsys):
-    from kvserve.loadtests.offline_throughput import main as offline_main
+    from kvserve.loadtests.compare.offline_throughput import main as offline_main
 
     out = tmp_path / "offline.json"
     assert offline_main(["--model", llama_dir, "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
@@ -129,8 +129,8 @@ def test_serial_extrapolation_recovers_the_service_model():
 
 
 def test_relabel_keeps_the_workload_shape_and_shares_no_block_across_rounds():
-    from kvserve.loadtests.compare_prompts import relabel, token_prompts
-    from kvserve.loadtests.datasets import SharedPrefixDataset
+    from kvserve.loadtests.compare.compare_prompts import relabel, token_prompts
+    from kvserve.loadtests.bench.datasets import SharedPrefixDataset
 
     ds = SharedPrefixDataset(num_prefixes=2, questions_per_prefix=3, prefix_len=32, question_len=8, output_len=4)
     base = token_prompts(ds, 500)

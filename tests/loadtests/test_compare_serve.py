@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvserve.loadtests.bench_cli import main
+from kvserve.loadtests.bench.bench_cli import main
 
 
 def test_compare_starts_kvserve_serve_and_reports_d(llama_dir, tmp_path, capsys):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.loadtests import baseline_hf
-from kvserve.loadtests.compare_prompts import CompareRequest
+from kvserve.loadtests.compare import baseline_hf
+from kvserve.loadtests.compare.compare_prompts import CompareRequest
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvserve.loadtests.contention import main, summarize
+from kvserve.loadtests.studies.contention import main, summarize
 
 
 def test_summary_relates_lost_throughput_to_machine_share():

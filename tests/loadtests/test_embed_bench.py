@@ -5,7 +5,7 @@ import asyncio
 
 from aiohttp import web
 
-from kvserve.loadtests.embed_bench import _command, bench_texts, run_point
+from kvserve.loadtests.compare.embed_bench import _command, bench_texts, run_point
 
 
 def test_texts_are_deterministic_and_varied():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvserve.loadtests.grpc_message_cost import main
+from kvserve.loadtests.studies.grpc_message_cost import main
 
 
 def test_counts_every_message_over_many_streams(tmp_path, capsys):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvserve.loadtests.offcpu import PREEMPTED, analyze, main
+from kvserve.loadtests.studies.offcpu import PREEMPTED, analyze, main
 
 # Engine thread 100 and its OpenMP worker 101; host main thread 50 ("python3", holds
 # the GIL); 60 is some other program. Times in seconds, as perf prints them.

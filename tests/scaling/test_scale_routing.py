@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.frontend.protocol import BackendRejected, BackendUnavailable
-from kvserve.frontend.replica_flags import build_backend, validate_replica_flags
-from kvserve.frontend.replica_sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
-from kvserve.frontend.replicas import ReplicaSet
-from kvserve.frontend.routing import RoutingPolicy, choose, rendezvous_order
-from kvserve.frontend.routing_key import PrefixKey
+from kvserve.frontend.replicas.flags import build_backend, validate_replica_flags
+from kvserve.frontend.replicas.sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
+from kvserve.frontend.replicas.replica_set import ReplicaSet
+from kvserve.frontend.replicas.routing import RoutingPolicy, choose, rendezvous_order
+from kvserve.frontend.replicas.routing_key import PrefixKey
 from kvserve.frontend.serve_cmd import build_parser, plan_from_args
 from kvserve.frontend.gateway_tokenizer import load_tokenizer
 from kvserve.frontend.triton_client import TritonBackendClient

@@ -1,0 +1,144 @@
+"""Accuracy cost of `--quantization`: greedy agreement with the unquantized engine, and perplexity of a fixed text.
+
+    python -m kvserve.loadtests.studies.quant_accuracy --model DIR [--modes int8 int4]
+
+For each mode (and for `none`, the reference, in `--dtype`):
+- greedy agreement: 16 fixed prompts x 64 tokens (EOS ignored) against the
+  reference's tokens: how many of the 16 continuations are identical, the mean
+  length of the common prefix, and the share of positions that agree;
+- perplexity of a fixed text (default: the corpus shipped with kvserve, or
+  `--text FILE`), teacher-forced, in windows of `--window` tokens.
+Offline and deterministic: one process, no server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from kvserve.backend import LLM, SamplingParams
+from kvserve.backend.model_runner import AttentionMetadata
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The three laws of thermodynamics are",
+    "Translate to German: The weather is nice today.",
+    "Explain in two sentences why the sky is blue.",
+    "List five fruits that are red:",
+    "Once upon a time, in a village by the mountains,",
+    "The main difference between TCP and UDP is",
+    "import numpy as np\n\n# Compute the mean of each column of a matrix\n",
+    "Q: If a train travels 60 km in 45 minutes, what is its average speed?\nA:",
+    "Dear customer, we are sorry to inform you that",
+    "The recipe for a simple tomato sauce:",
+    "In 1969, the first humans",
+    "SELECT name, COUNT(*) FROM orders",
+    "A haiku about autumn leaves:",
+]
+_DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "backend" / "data" / "corpus.txt"
+
+
+def greedy_tokens(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def agreement(got: list[list[int]], ref: list[list[int]]) -> dict[str, float]:
+    prefixes, same = [], 0
+    for g, r in zip(got, ref):
+        n = next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), min(len(g), len(r)))
+        prefixes.append(n)
+        same += sum(a == b for a, b in zip(g, r))
+    total = sum(len(r) for r in ref)
+    return {"identical": sum(g == r for g, r in zip(got, ref)), "prompts": len(ref),
+            "mean_common_prefix": sum(prefixes) / len(prefixes), "position_agreement": same / total}
+
+
+@torch.inference_mode()
+def perplexity(llm: LLM, ids: list[int], window: int) -> float:
+    """exp(mean NLL) of ids[1:], each window of tokens one prefill through the engine's own model and ops."""
+    runner = llm.engine.runner
+    bs, dev = runner.block_size, runner.device
+    nll, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = ids[start:start + window + 1]
+        n = len(chunk) - 1
+        if n < 1:
+            break
+        blocks = -(-n // bs)
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(n, device=dev) + bs,  # blocks 1.. (block 0 is the null block)
+            block_tables=torch.arange(1, blocks + 1, dtype=torch.int32, device=dev)[None],
+            seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+            max_seq_len=n, max_query_len=n, decode_only=n == 1)
+        x = torch.tensor(chunk[:-1], device=dev)
+        logits = runner.model(runner.ops, x, torch.arange(n, device=dev), runner.kv_caches, meta,
+                              torch.arange(n, device=dev))
+        targets = torch.tensor(chunk[1:], device=dev)
+        nll += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
+        count += n
+    return math.exp(nll / count)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvserve.loadtests.studies.quant_accuracy",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model folder")
+    p.add_argument("--modes", nargs="+", default=["int8", "int4"], choices=("int8", "int4"))
+    p.add_argument("--dtype", default="float32", help="dtype of the reference and of the quantized engines")
+    p.add_argument("--prompts", type=int, default=16, help=f"how many of the {len(PROMPTS)} prompts")
+    p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
+    p.add_argument("--text", default=str(_DEFAULT_TEXT), help="text file for the perplexity")
+    p.add_argument("--max-text-tokens", type=int, default=2048)
+    p.add_argument("--window", type=int, default=512, help="tokens per teacher-forced window")
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 1 <= args.prompts <= len(PROMPTS) or args.tokens < 1 or args.window < 1:
+        print("quant_accuracy: --prompts must be in [1, 16], --tokens and --window >= 1", file=sys.stderr)
+        return 2
+    results: dict[str, dict] = {}
+    ref_tokens = None
+    for mode in ["none", *args.modes]:
+        llm = LLM(model=args.model, dtype=args.dtype, quantization=mode, max_num_seqs=args.prompts,
+                  max_model_len=max(args.window + 1, 1024))
+        tok = llm.get_tokenizer()
+        prompts = [tok.encode(p) for p in PROMPTS[:args.prompts]]
+        text_ids = tok.encode(Path(args.text).read_text(encoding="utf-8"))[:args.max_text_tokens]
+        tokens = greedy_tokens(llm, prompts, args.tokens)
+        row = {"perplexity": perplexity(llm, text_ids, args.window), "text_tokens": len(text_ids)}
+        if ref_tokens is None:
+            ref_tokens = tokens
+        else:
+            row.update(agreement(tokens, ref_tokens))
+        results[mode] = row
+        del llm
+    print(f"quantization accuracy: {args.model} ({args.dtype} reference), {args.prompts} prompts x {args.tokens} "
+          f"greedy tokens, perplexity of {Path(args.text).name} ({results['none']['text_tokens']} tokens, "
+          f"windows of {args.window})")
+    print(f"  {'mode':6} {'perplexity':>10} {'identical':>10} {'common prefix':>14} {'positions':>10}")
+    for mode, r in results.items():
+        if mode == "none":
+            print(f"  {mode:6} {r['perplexity']:10.3f} {'(reference)':>10}")
+        else:
+            print(f"  {mode:6} {r['perplexity']:10.3f} {r['identical']:>5}/{r['prompts']:<4} "
+                  f"{r['mean_common_prefix']:11.1f}/{args.tokens:<2} {100 * r['position_agreement']:9.1f}%")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"model": args.model, "config": vars(args), "results": results},
+                                                   indent=2))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
