@@ -38,7 +38,7 @@ from kvserve.backend.outputs import CompletionOutput, EngineStats, RequestOutput
 from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.stop_matcher import stop_automaton
 from kvserve.backend.structured.compiler import CompileJob
-from kvserve.backend.engine_tokenizer import LONG_TEXT_CHARS
+from kvserve.seam.tokenizer import LONG_TEXT_CHARS
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvserve.backend.stop_matcher import stop_automaton
-from kvserve.backend.engine_tokenizer import ModelTokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 
 _REPLACEMENT = "\ufffd"
 _CONTEXT_TOKENS = 6   # prompt tokens the first output token decodes with

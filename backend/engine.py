@@ -24,7 +24,7 @@ from kvserve.backend.sampling_params import SamplingParams
 from kvserve.backend.scheduler import Scheduler
 from kvserve.backend.structured.compiler import GrammarCompiler
 from kvserve.backend.structured.matchers import GrammarMatchers
-from kvserve.backend.engine_tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import load_engine_tokenizer
 from kvserve.seam.error_wire import ErrorKind, invalid
 
 log = logging.getLogger("kvserve.engine")
@@ -61,7 +61,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.runner = ModelRunner(config)
-        self.tokenizer = ModelTokenizer(config.tokenizer or config.model)
+        self.tokenizer = load_engine_tokenizer(config.tokenizer or config.model)
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.arch.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)

@@ -13,7 +13,7 @@ from kvserve.frontend.api_errors import ApiError, backend_unavailable, model_not
 from kvserve.frontend.api_keys import key_digest
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
 from kvserve.frontend.gateway_config import GatewayConfig
-from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.frontend.protocol import BackendClient, EmbeddingBackend
 from kvserve.frontend.readiness import ReadinessCache
 from kvserve.observability.metrics_gateway import GatewayMetrics
@@ -23,7 +23,7 @@ from kvserve.observability.metrics_gateway import GatewayMetrics
 class Gateway:
     config: GatewayConfig
     backend: BackendClient
-    tokenizer: GatewayTokenizer | None = None
+    tokenizer: ModelTokenizer | None = None
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     readiness: ReadinessCache | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -68,7 +68,7 @@ class Gateway:
             return f"token_id:{token_id}"
         return self.tokenizer.token_text(token_id)
 
-    def require_tokenizer(self) -> GatewayTokenizer:
+    def require_tokenizer(self) -> ModelTokenizer:
         if self.tokenizer is None:
             raise ApiError(400, "this server has no tokenizer: start it with --model or --tokenizer", code="tokenizer_unavailable")
         return self.tokenizer

@@ -36,7 +36,7 @@ from kvserve.frontend.gateway import Gateway
 from kvserve.frontend.gateway_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                              DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S,
                                              DEFAULT_WRITE_TIMEOUT_S, GatewayConfig)
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.frontend.tools import TOOL_PARSERS, ToolSettings
 from kvserve.frontend.embed_client import TritonEmbeddingClient
 from kvserve.frontend.triton_client import TritonBackendClient
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         elif plan.embedding_model is not None:
             embedder = TritonEmbeddingClient(args.triton_url[0], model_name=args.triton_embedding_model_name)
         tokenizer_dir = plan.tokenizer_dir or model_dir
-        tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        tokenizer = ModelTokenizer.from_folder(tokenizer_dir) if tokenizer_dir else None
         if plan.remote:
             backend = build_backend(args, tokenizer)  # the tokenizer keys prefix affinity
         config = GatewayConfig(

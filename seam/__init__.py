@@ -8,5 +8,7 @@ library, so the gateway can import it without pulling in the engine (torch).
 - `tensors`: input/output tensor names and the request parameters;
 - `embed_tensors`: the same for the embed model (model_repository/embed);
 - `error_wire`: `ErrorKind` and the one parseable error-message format;
-- `limits`: the request limits both sides enforce.
+- `limits`: the request limits both sides enforce;
+- `tokenizer`: the model's tokenizer both sides read (the one module that imports a third-party
+  package, `tokenizers`; nothing above imports it).
 """

@@ -19,12 +19,12 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from kvserve.backend.models.gguf_checkpoint import field_value, gguf_file, hf_config, open_gguf
+from kvserve.seam.tokenizer import ModelTokenizer
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types (1 normal, 2 unknown, 5 unused, 6 byte)
 
@@ -55,21 +55,11 @@ _PRE_TOKENIZERS = {
 }
 
 
-@dataclass(slots=True, frozen=True)
-class GGUFTokenizer:
-    tokenizer: Tokenizer
-    bos_token: str | None
-    eos_token: str | None
-    eos_token_ids: frozenset[int]
-    add_bos_token: bool
-    chat_template: str | None
-
-
 def _strings(reader, key: str) -> list[str]:
     return list(field_value(reader, key, []) or [])
 
 
-def build_tokenizer(reader) -> GGUFTokenizer:
+def build_tokenizer(reader) -> ModelTokenizer:
     kind = field_value(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"model: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 byte-level "
@@ -101,9 +91,8 @@ def build_tokenizer(reader) -> GGUFTokenizer:
     tok.post_processor = (processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
                                                         special_tokens=[(bos, bos_id)])
                           if add_bos else processors.ByteLevel(trim_offsets=False))
-    return GGUFTokenizer(tokenizer=tok, bos_token=bos, eos_token=eos,
-                         eos_token_ids=frozenset(i for i in (eos_id, eot_id) if i is not None),
-                         add_bos_token=add_bos, chat_template=field_value(reader, "tokenizer.chat_template"))
+    return ModelTokenizer(tok, eos_token_ids=(i for i in (eos_id, eot_id) if i is not None), bos_token=bos,
+                          eos_token=eos, add_bos_token=add_bos, chat_template=field_value(reader, "tokenizer.chat_template"))
 
 
 def export_gateway_files(gguf_path: str | Path, out_dir: str | Path) -> Path:

@@ -9,7 +9,7 @@ from kvserve.frontend.replicas.sources import Target, default_metrics_url, is_dn
 from kvserve.frontend.replicas.replica_set import ReplicaSet
 from kvserve.frontend.replicas.routing import RoutingPolicy
 from kvserve.frontend.replicas.routing_key import DEFAULT_BLOCK_SIZE, PrefixKey
-from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 
@@ -50,7 +50,7 @@ def validate_replica_flags(args: argparse.Namespace) -> None:
     sources_from_flags(args.triton_url, args.triton_metrics_url, None)  # HOST:PORT / dns://NAME:PORT syntax
 
 
-def build_backend(args: argparse.Namespace, tokenizer: GatewayTokenizer | None) -> BackendClient:
+def build_backend(args: argparse.Namespace, tokenizer: ModelTokenizer | None) -> BackendClient:
     """One `--triton-url HOST:PORT`: that client alone. Anything more (several
     urls, dns://, a urls file): a ReplicaSet that routes and health-checks."""
     def client(target: Target) -> TritonBackendClient:

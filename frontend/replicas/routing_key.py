@@ -17,7 +17,7 @@ import hashlib
 from typing import Callable
 
 from kvserve.frontend.protocol import GenerateRequest
-from kvserve.frontend.gateway_tokenizer import GatewayTokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 _SLICE_CHARS_PER_TOKEN = 16  # generous: tokens rarely span more characters than this
@@ -28,7 +28,7 @@ KeyFunction = Callable[[GenerateRequest], "bytes | None"]
 
 
 class PrefixKey:
-    def __init__(self, tokenizer: GatewayTokenizer | None, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(self, tokenizer: ModelTokenizer | None, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if block_size < 1:
             raise ValueError(f"block size must be >= 1, got {block_size}")
         self._tokenizer = tokenizer

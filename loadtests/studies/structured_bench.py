@@ -100,10 +100,10 @@ def serving(url: str, rounds: int, max_tokens: int) -> dict:
 def compile_times(model: str | None, repeats: int) -> dict:
     from kvserve.backend.structured.compiler import GrammarCompiler
     from kvserve.backend.structured.spec import parse_spec
-    from kvserve.backend.engine_tokenizer import ModelTokenizer
+    from kvserve.backend.engine_tokenizer import load_engine_tokenizer
     from kvserve.frontend.default_model import resolve_model
 
-    tokenizer = ModelTokenizer(resolve_model(model))
+    tokenizer = load_engine_tokenizer(resolve_model(model))
     vocab = tokenizer.vocab_size
     specs = [parse_spec({"json": s}) for s in SCHEMAS.values()]
     cold, cached = [], []

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 
 from kvserve.backend.detokenizer import IncrementalDetokenizer
-from kvserve.backend.engine_tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import load_engine_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tok(llama_dir):
-    return ModelTokenizer(llama_dir)
+    return load_engine_tokenizer(llama_dir)
 
 
 def _stream(tok, text, stop=(), include=False):

@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from kvserve.backend.engine_tokenizer import LONG_TEXT_CHARS, ModelTokenizer
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.backend.engine_tokenizer import load_engine_tokenizer
+from kvserve.seam.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
 
 LONG = "many small words " * 60_000  # ~1 MB: about a second of tokenization on this machine
 
@@ -27,7 +27,7 @@ def _max_stall(encode_s: float) -> float:
 
 
 def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
-    tok = ModelTokenizer(llama_dir)
+    tok = load_engine_tokenizer(llama_dir)
     assert LONG_TEXT_CHARS < len(LONG)
     gaps: list[float] = []
     done = threading.Event()
@@ -38,7 +38,7 @@ def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
             time.sleep(0.01)
             gaps.append(time.perf_counter() - start)
 
-    limit = _max_stall(_held_encode_s(tok._tok))
+    limit = _max_stall(_held_encode_s(tok.tokenizer))
     thread = threading.Thread(target=ticker)
     thread.start()
     try:
@@ -47,11 +47,11 @@ def test_the_engine_tokenizer_lets_other_threads_run(llama_dir) -> None:
         done.set()
         thread.join()
     assert max(gaps) < limit, (max(gaps), limit)
-    assert ids == tok._tok.encode(LONG, add_special_tokens=True).ids  # the same tokens as encode() gives
+    assert ids == tok.tokenizer.encode(LONG, add_special_tokens=True).ids  # the same tokens as encode() gives
 
 
 def test_the_gateway_tokenizes_a_long_text_off_its_event_loop(llama_dir) -> None:
-    tok = load_tokenizer(llama_dir)
+    tok = ModelTokenizer.from_folder(llama_dir)
 
     async def run() -> tuple[list[int], float]:
         gaps: list[float] = []

@@ -25,7 +25,7 @@ from kvserve.frontend.protocol import (
 )
 from kvserve.frontend.gateway import Gateway
 from kvserve.frontend.gateway_config import GatewayConfig
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.seam.error_wire import ErrorKind
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
@@ -170,7 +170,7 @@ class GatewayServer:
     def __init__(self, backend: FakeBackend, config: GatewayConfig, tokenizer_dir: Path | None) -> None:
         self.backend = backend
         self.config = config
-        self.tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        self.tokenizer = ModelTokenizer.from_folder(tokenizer_dir) if tokenizer_dir else None
         if self.tokenizer is not None:
             backend.decode = self.tokenizer.decode
         self.loop = asyncio.new_event_loop()

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE, ChatTemplateError, render_chat, resolve_template_arg
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 
 from gw_fakes import make_tokenizer_dir
 
 
 def test_tokenizer_files_give_special_tokens_and_template(tokenizer_dir: Path) -> None:
-    tok = load_tokenizer(tokenizer_dir)
+    tok = ModelTokenizer.from_folder(tokenizer_dir)
     assert tok.bos_token == "<s>" and tok.eos_token == "</s>"  # string and AddedToken-dict forms
     assert "im_start" in tok.chat_template
     ids = tok.encode("<|im_start|>user", add_special_tokens=False)
@@ -48,9 +48,9 @@ def test_chat_template_jinja_file_and_list_form(tmp_path: Path) -> None:
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    assert load_tokenizer(d).chat_template == "D"
+    assert ModelTokenizer.from_folder(d).chat_template == "D"
     (d / "chat_template.jinja").write_text("J")
-    assert load_tokenizer(d).chat_template == "J"
+    assert ModelTokenizer.from_folder(d).chat_template == "J"
 
 
 def test_chat_template_flag_takes_file_or_text(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from host_fixtures import HostThread
 
-from kvserve.backend.engine_tokenizer import ModelTokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from tests.conftest import tiny_model
 
 MODEL_REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.backend.detokenizer import IncrementalDetokenizer
-from kvserve.backend.engine_tokenizer import ModelTokenizer
+from kvserve.backend.engine_tokenizer import load_engine_tokenizer
 from kvserve.frontend.chat_template import render_chat
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 
 TEXTS = [
     "What is the capital of France?", "  leading spaces\tand tabs\n\nand blank lines  ",
@@ -27,7 +27,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def ours(real_model_path: str) -> ModelTokenizer:
-    return ModelTokenizer(real_model_path)
+    return load_engine_tokenizer(real_model_path)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def theirs(real_model_path: str):
 @pytest.fixture(scope="module")
 def gateway(real_model_path: str, tmp_path_factory: pytest.TempPathFactory):
     from kvserve.backend.models.gguf_tokenizer import gateway_files_dir
-    return load_tokenizer(gateway_files_dir(real_model_path, tmp_path_factory.mktemp("meta")))
+    return ModelTokenizer.from_folder(gateway_files_dir(real_model_path, tmp_path_factory.mktemp("meta")))
 
 
 @pytest.mark.parametrize("text", TEXTS)

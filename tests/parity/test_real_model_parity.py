@@ -32,9 +32,9 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def prompts(real_model_path: str) -> list[list[int]]:
     from kvserve.backend.models.gguf_checkpoint import field_value, open_gguf
-    from kvserve.backend.engine_tokenizer import ModelTokenizer
+    from kvserve.backend.engine_tokenizer import load_engine_tokenizer
     template = field_value(open_gguf(real_model_path), "tokenizer.chat_template")
-    tok = ModelTokenizer(real_model_path)
+    tok = load_engine_tokenizer(real_model_path)
     texts = [render_chat(template, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
              for q in QUESTIONS]
     return [tok.encode(t, add_special_tokens=False) for t in texts]

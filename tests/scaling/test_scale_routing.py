@@ -17,7 +17,7 @@ from kvserve.frontend.replicas.replica_set import ReplicaSet
 from kvserve.frontend.replicas.routing import RoutingPolicy, choose, rendezvous_order
 from kvserve.frontend.replicas.routing_key import PrefixKey
 from kvserve.frontend.serve_cmd import build_parser, plan_from_args
-from kvserve.frontend.gateway_tokenizer import load_tokenizer
+from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.frontend.triton_client import TritonBackendClient
 
 from scale_fakes import ScriptedReplica, drain, req
@@ -95,7 +95,7 @@ def test_prefix_key_is_the_first_full_block_plus_cache_salt() -> None:
 
 
 def test_prefix_key_of_text_matches_the_tokens_it_stands_for(llama_dir: str) -> None:
-    tok = load_tokenizer(llama_dir)
+    tok = ModelTokenizer.from_folder(llama_dir)
     key = PrefixKey(tok, block_size=16)
     system = "You are a careful assistant who answers questions about the paged KV cache. " * 3
     long_a = system + "What is a block table? " + "Explain slowly. " * 200
