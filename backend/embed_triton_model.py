@@ -76,7 +76,7 @@ class TritonEmbedModel:
                  self.embedder.dimension, self.embedder.max_model_len, self.embedder.pooling.mode)
 
     def _backend_metrics(self, args: dict):
-        from kvserve.observability.metrics import EMBED_METRICS
+        from kvserve.observability.metrics_catalogue import EMBED_METRICS
         from kvserve.observability.metrics_backend import BackendMetrics
         try:
             return BackendMetrics(self.pb, {"model": args.get("model_name", "embed"),

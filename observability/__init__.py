@@ -1,7 +1,7 @@
 """kvserve.observability: tracing, structured logs and metrics (a leaf package).
 
 Its modules import one another one way only (tests/contract checks there is no cycle):
-semconv and metrics (the catalogue) import nothing of the package; tracing builds on
+semconv and metrics_catalogue import nothing of the package; tracing builds on
 neither; request_spans and logging build on tracing; metrics_backend and metrics_gateway
 on the catalogue.
 """
@@ -30,7 +30,7 @@ from .logging import (
     request_text_fields,
 )
 from .request_spans import RequestTimeline, record_request_spans
-from .metrics import BACKEND_METRICS, CATALOGUE, GATEWAY_METRICS, MetricKind, MetricSpec
+from .metrics_catalogue import BACKEND_METRICS, CATALOGUE, GATEWAY_METRICS, MetricKind, MetricSpec
 from .metrics_backend import BackendMetrics
 from .metrics_gateway import GatewayMetrics
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from . import metrics as m
+from . import metrics_catalogue as m
 
 _log = logging.getLogger(__name__)
 

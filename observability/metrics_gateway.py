@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics, generate_latest)
 
-from . import metrics as m
+from . import metrics_catalogue as m
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

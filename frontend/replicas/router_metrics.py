@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvserve.frontend.replicas.routing import DECISIONS
-from kvserve.observability import metrics as m
+from kvserve.observability import metrics_catalogue as m
 from kvserve.observability.metrics_gateway import prometheus_metrics
 
 

@@ -27,7 +27,7 @@ from kvserve.loadtests.bench.bench_request import BenchRequest
 from kvserve.loadtests.bench.client import EndpointConfig
 from kvserve.loadtests.bench.datasets import Dataset
 from kvserve.loadtests.bench.local_tokenizer import load_counter
-from kvserve.loadtests.bench.metrics import compute_metrics, parse_goodput, parse_percentiles
+from kvserve.loadtests.bench.bench_metrics import compute_metrics, parse_goodput, parse_percentiles
 from kvserve.loadtests.bench.prompt_builder import ExactPromptBuilder, PromptBuilder, WordPromptBuilder
 from kvserve.loadtests.bench.report import build_document, format_table, write_json
 from kvserve.loadtests.bench.runner import LoadConfig, RunResult, run_load

@@ -14,7 +14,7 @@ from kvserve.loadtests.bench.bench_args import make_dataset, validate
 from kvserve.loadtests.bench.bench_cli import prepare
 from kvserve.loadtests.bench.bench_request import BenchRequest
 from kvserve.loadtests.bench.client import EndpointConfig
-from kvserve.loadtests.bench.metrics import compute_metrics
+from kvserve.loadtests.bench.bench_metrics import compute_metrics
 from kvserve.loadtests.bench.runner import LoadConfig, run_load
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvserve.loadtests.bench.bench_request import RequestRecord
-from kvserve.loadtests.bench.metrics import BenchmarkMetrics
+from kvserve.loadtests.bench.bench_metrics import BenchmarkMetrics
 
 WIDTH = 50
 _TITLES = {

@@ -21,7 +21,7 @@ from kvserve.loadtests.compare.compare_prompts import describe_prompts, token_pr
 from kvserve.loadtests.compare.compare_report import build_compare_document, format_compare
 from kvserve.loadtests.compare.compare_run import CompareOptions, resolve_device, run_baselines
 from kvserve.loadtests.bench.datasets import Dataset
-from kvserve.loadtests.bench.metrics import parse_percentiles
+from kvserve.loadtests.bench.bench_metrics import parse_percentiles
 from kvserve.loadtests.bench.report import write_json
 from kvserve.loadtests.bench.runner import LoadConfig
 

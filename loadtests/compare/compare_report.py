@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from kvserve.loadtests.compare.compare_result import BaselineRun
 from kvserve.loadtests.compare.compare_run import agreements, ratios
-from kvserve.loadtests.bench.metrics import BenchmarkMetrics
+from kvserve.loadtests.bench.bench_metrics import BenchmarkMetrics
 from kvserve.loadtests.bench.report import _jsonable, request_details
 
 WIDTH = 96

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from kvserve.loadtests.bench.bench_request import RequestRecord
-from kvserve.loadtests.bench.metrics import BenchmarkMetrics, compute_metrics
+from kvserve.loadtests.bench.bench_metrics import BenchmarkMetrics, compute_metrics
 
 
 @dataclass(slots=True)

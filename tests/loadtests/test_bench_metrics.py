@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvserve.loadtests.bench.bench_request import RequestRecord
-from kvserve.loadtests.bench.metrics import (
+from kvserve.loadtests.bench.bench_metrics import (
     compute_metrics, meets_slos, parse_goodput, parse_percentiles, percentile_key, summarize,
 )
 from kvserve.loadtests.bench.timeline import build_timeline

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.observability import metrics as m
+from kvserve.observability import metrics_catalogue as m
 from kvserve.observability.metrics_backend import BackendMetrics
 from kvserve.observability.metrics_gateway import GatewayMetrics, prometheus_metrics
 

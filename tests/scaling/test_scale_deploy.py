@@ -17,7 +17,7 @@ import yaml
 from kvserve.frontend import triton_client
 from kvserve.frontend.host_policy import host_policy_from_args
 from kvserve.frontend.serve_cmd import build_parser
-from kvserve.observability import metrics as m
+from kvserve.observability import metrics_catalogue as m
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
@@ -67,7 +67,7 @@ def test_dashboard_queries_only_catalogue_metrics() -> None:
         refs = _METRIC_REF.findall(q)
         assert refs, f"query without a kvserve metric: {q}"
         for ref in refs:
-            assert _base_metric(ref) in METRIC_NAMES, f"{ref} is not in kvserve.observability.metrics: {q}"
+            assert _base_metric(ref) in METRIC_NAMES, f"{ref} is not in kvserve.observability.metrics_catalogue: {q}"
             used.add(_base_metric(ref))
     # the router and the engine's headline metrics are on it
     assert {m.ROUTER_REQUESTS.name, m.ROUTER_OUTSTANDING.name, m.ROUTER_REPLICA_READY.name,
