@@ -7,12 +7,22 @@ max_num_batched_tokens. Triton's batcher counts requests, pads each to the
 largest batch dimension and knows nothing of token counts; and doing it in the
 model behaves the same in tritonserver and in the embedded host.
 
-The policy is the LLM engine's, without a delay: one thread runs passes back
-to back; each pass takes the waiting inputs in arrival order (a request's
+The policy is the LLM engine's, without a delay: a worker thread runs passes
+back to back; each pass takes the waiting inputs in arrival order (a request's
 inputs may spread over several passes) up to `max_num_batched_tokens` tokens
 and `max_num_seqs` inputs. Whatever arrives during a pass joins the next one,
 so under load passes fill by themselves and an idle model answers at once
 instead of waiting for a queue delay to expire.
+
+With `num_workers` > 1 (on the CPU), that many workers run passes at once and
+split the model's threads between them: a pass that runs alone gets them all
+(the latency of one request), two passes at once get half each. On a CPU one
+pass on N OpenMP threads meets a barrier after every op, and when the gateway,
+the gRPC threads or the client take a core from one of its threads the others
+wait at the next barrier; passes side by side on one thread each never wait
+for each other. A worker that finds another idle takes only its share of the
+waiting inputs, so a burst is split between them. The thread count is OpenMP's
+per calling thread (torch.set_num_threads in a worker changes only its own).
 """
 from __future__ import annotations
 
@@ -88,8 +98,15 @@ class EmbeddingBatcher:
         self._waiting_inputs = 0
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="kvserve-embed", daemon=True)
-        self._thread.start()
+        cfg = embedder.config
+        self._workers = cfg.num_workers if embedder.device.type == "cpu" else 1
+        # Read in the constructing thread (the model's, which Embedder set); each worker sets its own.
+        self._total_threads = torch.get_num_threads()
+        self._busy = 0  # workers inside a pass
+        self._threads = [threading.Thread(target=self._loop, name="kvserve-embed", daemon=True)
+                         for _ in range(self._workers)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, job: EmbedJob) -> None:
         job.vectors = [None] * len(job.inputs)
@@ -112,13 +129,15 @@ class EmbeddingBatcher:
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout)
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
 
     # ---- the batcher thread ----------------------------------------------------------------
-    def _take(self) -> list[tuple[EmbedJob, int]]:
+    def _take(self, max_inputs: int) -> list[tuple[EmbedJob, int]]:
         """(job, input index) pairs for the next pass, in arrival order (caller holds the lock)."""
         cfg = self.embedder.config
+        max_seqs = min(cfg.max_num_seqs, max_inputs)
         chosen: list[tuple[EmbedJob, int]] = []
         tokens = 0
         if any(job.aborted for job in self._jobs):
@@ -127,7 +146,7 @@ class EmbeddingBatcher:
                     self._waiting_inputs -= len(job.inputs) - job.next_input
             self._jobs = deque(job for job in self._jobs if not job.aborted)
         for job in self._jobs:
-            while job.next_input < len(job.inputs) and len(chosen) < cfg.max_num_seqs:
+            while job.next_input < len(job.inputs) and len(chosen) < max_seqs:
                 n = len(job.inputs[job.next_input])
                 if chosen and tokens + n > cfg.max_num_batched_tokens:
                     return chosen
@@ -135,12 +154,18 @@ class EmbeddingBatcher:
                 tokens += n
                 job.next_input += 1
                 self._waiting_inputs -= 1
-            if len(chosen) >= cfg.max_num_seqs:
+            if len(chosen) >= max_seqs:
                 break
         return chosen
 
+    def _share(self) -> int:
+        """How many waiting inputs this worker takes: all of them, or its part when others are idle."""
+        idle = self._workers - self._busy  # this worker included
+        return max(1, -(-self._waiting_inputs // idle))
+
     def _loop(self) -> None:
         name_this_thread()
+        threads = 0
         while True:
             with self._cond:
                 while not self._closed and not any(j.next_input < len(j.inputs) and not j.aborted for j in self._jobs):
@@ -148,22 +173,35 @@ class EmbeddingBatcher:
                 if self._closed:
                     pending, self._jobs = list(self._jobs), deque()
                     break
-                chosen = self._take()
+                chosen = self._take(self._share())
                 # Jobs whose every input is now in a pass leave the queue; they finish below.
                 while self._jobs and self._jobs[0].next_input == len(self._jobs[0].inputs):
                     self._jobs.popleft()
-            self._run(chosen)
+                started = time.time()
+                for job in dict.fromkeys(job for job, _ in chosen):
+                    job.passes += 1
+                    if job.scheduled is None:
+                        job.scheduled = started
+                self._busy += 1
+                # All the threads for a pass that runs alone, else an equal part (a pass already
+                # running keeps its count until it ends).
+                wanted = max(1, self._total_threads // self._busy)
+                if self._waiting_inputs and self._busy < self._workers:
+                    self._cond.notify()  # another worker takes the rest
+            if wanted != threads:
+                torch.set_num_threads(wanted)
+                threads = wanted
+            try:
+                self._run(chosen, started)
+            finally:
+                with self._cond:
+                    self._busy -= 1
         for job in pending:
             self._complete(job, "the embedding model is shutting down", ErrorKind.SHUTDOWN)
 
-    def _run(self, chosen: list[tuple[EmbedJob, int]]) -> None:
-        started = time.time()
+    def _run(self, chosen: list[tuple[EmbedJob, int]], started: float) -> None:
         inputs = [job.inputs[i] for job, i in chosen]
         jobs = list(dict.fromkeys(job for job, _ in chosen))
-        for job in jobs:
-            job.passes += 1
-            if job.scheduled is None:
-                job.scheduled = started
         try:
             vectors = self.embedder.embed(inputs)
         except Exception as exc:
@@ -174,17 +212,19 @@ class EmbeddingBatcher:
             return
         if self._listener is not None:
             self._listener.on_batch(len(inputs), sum(len(x) for x in inputs), time.time() - started)
-        for row, (job, i) in enumerate(chosen):
-            job.vectors[i] = vectors[row]
-            job.done += 1
-        for job in jobs:
-            if job.done == len(job.inputs) and not job.aborted:
-                self._complete(job)
+        with self._cond:  # another worker may be finishing other inputs of the same jobs
+            for row, (job, i) in enumerate(chosen):
+                job.vectors[i] = vectors[row]
+                job.done += 1
+            finished = [job for job in jobs if job.done == len(job.inputs) and not job.aborted]
+        for job in finished:
+            self._complete(job)
 
     def _complete(self, job: EmbedJob, error: str | None = None, kind: ErrorKind | None = None) -> None:
-        if job.completed:
-            return
-        job.completed = True
+        with self._cond:  # two workers may end the same job (one pass failed, another finished)
+            if job.completed:
+                return
+            job.completed = True
         embeddings = None
         if error is None:
             try:

@@ -34,12 +34,13 @@ class EmbedderConfig:
     max_num_seqs: int = 256           # inputs per forward pass
     max_num_batched_tokens: int = 16384
     max_inputs_per_request: int = MAX_EMBEDDING_INPUTS
-    num_threads: int | None = None
+    num_threads: int | None = None    # default: torch's (one per core)
+    num_workers: int = 2              # passes at once on the CPU, sharing the threads (embed_batcher.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(_DTYPES)}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_inputs_per_request"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_inputs_per_request", "num_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:

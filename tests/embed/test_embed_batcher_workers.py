@@ -1,0 +1,102 @@
+"""EmbeddingBatcher with num_workers: passes side by side, a burst split between idle
+workers, and the model's threads shared between the passes that run at once (a fake
+embedder: the batching, not the model, is under test)."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from kvserve.backend.embed_batcher import EmbeddingBatcher, EmbedJob
+from kvserve.backend.embedder import EmbedderConfig
+
+
+class GatedEmbedder:
+    """Each input's vector is [its first id, its length]; the first pass waits for `gate`."""
+
+    def __init__(self, **config) -> None:
+        self.config = EmbedderConfig(model="unused", **config)
+        self.device = torch.device("cpu")
+        self.gate = threading.Event()
+        self.first_started = threading.Event()
+        self.passes: list[tuple[int, int]] = []  # (inputs, threads) per pass, in the order they started
+        self._lock = threading.Lock()
+
+    def embed(self, inputs: list[list[int]]) -> torch.Tensor:
+        with self._lock:
+            first = not self.passes
+            self.passes.append((len(inputs), torch.get_num_threads()))
+        if first:
+            self.first_started.set()
+            assert self.gate.wait(10)
+        return torch.tensor([[float(ids[0]), float(len(ids))] for ids in inputs])
+
+    def finish(self, vectors, dimensions, normalize):
+        return vectors
+
+
+def _collect(n: int):
+    results, done = {}, threading.Event()
+
+    def on_done(result):
+        results[result.request_id] = result
+        if len(results) == n:
+            done.set()
+    return results, done, on_done
+
+
+def test_two_workers_run_passes_side_by_side_and_share_the_threads():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)  # the batcher reads the constructing thread's count
+    try:
+        fake = GatedEmbedder(num_workers=2)
+        batcher = EmbeddingBatcher(fake)
+    finally:
+        torch.set_num_threads(saved)
+    results, done, on_done = _collect(2)
+    batcher.submit(EmbedJob("held", [[7, 1]], None, None, on_done))
+    assert fake.first_started.wait(10)
+    # The first pass is held: with one worker this request would wait behind it.
+    batcher.submit(EmbedJob("beside", [[9, 1, 1]], None, None, on_done))
+    assert not done.wait(0.5) and len(results) == 1 and "beside" in results
+    fake.gate.set()
+    assert done.wait(10)
+    batcher.shutdown()
+    assert fake.passes == [(1, 2), (1, 1)]  # alone: both threads; beside a running pass: one
+    assert results["held"].embeddings.tolist() == [[7.0, 2.0]]
+    assert results["beside"].embeddings.tolist() == [[9.0, 3.0]]
+
+
+def test_a_burst_is_split_between_idle_workers_in_order():
+    fake = GatedEmbedder(num_workers=2)
+    batcher = EmbeddingBatcher(fake)
+    results, done, on_done = _collect(1)
+    inputs = [[i, 0, 0][: 1 + i % 3] for i in range(1, 10)]
+    batcher.submit(EmbedJob("burst", inputs, None, None, on_done))
+    assert fake.first_started.wait(10)
+    # The first worker took its half (5 of 9); the second takes the rest while the first is held.
+    for _ in range(1000):
+        if len(fake.passes) == 2:
+            break
+        threading.Event().wait(0.01)
+    fake.gate.set()
+    assert done.wait(10)
+    batcher.shutdown()
+    assert [n for n, _ in fake.passes] == [5, 4]
+    result = results["burst"]
+    assert result.num_passes == 2
+    assert result.embeddings.tolist() == [[float(ids[0]), float(len(ids))] for ids in inputs]
+
+
+def test_one_worker_runs_one_pass_at_a_time():
+    fake = GatedEmbedder(num_workers=1)
+    batcher = EmbeddingBatcher(fake)
+    results, done, on_done = _collect(2)
+    batcher.submit(EmbedJob("held", [[7]], None, None, on_done))
+    assert fake.first_started.wait(10)
+    batcher.submit(EmbedJob("behind", [[9]], None, None, on_done))
+    assert not done.wait(0.3) and not results
+    fake.gate.set()
+    assert done.wait(10)
+    batcher.shutdown()
+    assert len(fake.passes) == 2
