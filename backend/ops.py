@@ -16,6 +16,7 @@ import torch
 from kvserve.kernels import cpu_native
 from kvserve.kernels.cpu_paged_attention import KVStorePlan, PagedAttentionPlan
 from kvserve.kernels.rms_norm import rms_norm_torch
+from kvserve.kernels.silu_and_mul import silu_and_mul_torch
 from kvserve.kernels.rotary import rotary_embedding_torch, rotate_torch
 
 
@@ -41,7 +42,15 @@ class TorchOps:
         return self._attention[1].run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):
+        if x.dim() == 2:  # the decoder's [T, hidden] rows; per-head q/k norms keep torch
+            fused = cpu_native.rms_norm(x, weight, eps, residual)
+            if fused is not None:
+                return fused
         return rms_norm_torch(x, weight, eps, residual)
+
+    def silu_and_mul(self, x):
+        fused = cpu_native.silu_and_mul(x)
+        return fused if fused is not None else silu_and_mul_torch(x)
 
     def rotary(self, positions, query, key, cos_sin_cache, is_neox: bool) -> None:
         r = self._rotary

@@ -4,8 +4,12 @@ Plain C with OpenMP, no torch headers: a build takes about a second, needs no
 ninja or pybind, and the library is cached per source, compiler flags and CPU
 (`-march=native`) under ~/.cache/kvserve/cpu-kernels (KVSERVE_CACHE_DIR moves
 it). ctypes releases the GIL for the call, so the serving threads run meanwhile.
-Without a compiler (or with KVSERVE_CPU_NATIVE=0) `paged_decode` is None and
+Without a compiler (or with KVSERVE_CPU_NATIVE=0) `available()` is False and
 callers keep their torch path.
+
+- cpu_decode_attention.c: paged decode attention reading the KV cache in place;
+- cpu_elementwise.c: RMSNorm (with its residual add) and SiLU-and-mul in one
+  pass each.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import torch
 
 log = logging.getLogger("kvserve.engine")
 
-_SOURCE = Path(__file__).resolve().with_name("cpu_decode_attention.c")
+_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c")]
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -43,16 +47,16 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str) -> Path:
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_decode_attention-{digest}.so"
+    out = _cache_dir() / f"kvserve_cpu_kernels-{digest}.so"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], check=True, capture_output=True,
+        subprocess.run([compiler, *_FLAGS, "-o", tmp, *map(str, _SOURCES), "-lm"], check=True, capture_output=True,
                        timeout=300)
         os.replace(tmp, out)  # atomic: concurrent builders agree on the result
     finally:
@@ -67,19 +71,23 @@ def _library() -> ctypes.CDLL | None:
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler found: CPU decode attention uses the torch path (gather + SDPA)")
+        log.warning("no C compiler found: the CPU path's attention, norms and activations use torch ops")
         return None
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        log.warning("building the CPU decode attention kernel failed (%s%s): using the torch path",
+        log.warning("building the native CPU kernels failed (%s%s): using torch ops",
                     exc, (": " + detail.decode(errors="replace")[-500:]) if detail else "")
         return None
     fn = lib.kvserve_paged_decode_f32
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.kvserve_rms_norm_f32.argtypes = [p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    lib.kvserve_rms_norm_f32.restype = None
+    lib.kvserve_silu_and_mul_f32.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
+    lib.kvserve_silu_and_mul_f32.restype = None
     return lib
 
 
@@ -125,4 +133,46 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if status:
         raise ValueError(f"CPU decode attention: shapes beyond the kernel's bounds ({num_heads} heads, "
                          f"head size {head_dim}, block size {block_size}); check supports() first")
+    return out
+
+
+# Below this many elements an elementwise op stays on the calling thread: an OpenMP region's
+# start and barrier cost more than the work (decode steps: a few rows of the hidden size).
+_PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
+def _threads(elements: int) -> int:
+    return torch.get_num_threads() if elements >= _PARALLEL_MIN_ELEMENTS else 1
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """`rms_norm_torch`'s contract for float32 CPU rows (2-D, unit column stride), else None:
+    norm(x), or (norm(x + residual), x + residual)."""
+    lib = _library()
+    if (lib is None or not _rows_ok(x) or weight.dtype != torch.float32 or not weight.is_contiguous()
+            or weight.shape != x.shape[1:] or (residual is not None and (not _rows_ok(residual)
+                                                                          or residual.shape != x.shape))):
+        return None
+    rows, n = x.shape
+    out = torch.empty(rows, n)
+    residual_out = None if residual is None else torch.empty(rows, n)
+    lib.kvserve_rms_norm_f32(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                             out.data_ptr(), 0 if residual_out is None else residual_out.data_ptr(), rows, n,
+                             x.stride(0), 0 if residual is None else residual.stride(0), float(eps),
+                             _threads(rows * n))
+    return out if residual is None else (out, residual_out)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """`silu_and_mul_torch` for float32 CPU rows [T, 2d] (unit column stride), else None."""
+    lib = _library()
+    if lib is None or not _rows_ok(x) or x.shape[1] % 2:
+        return None
+    rows, d = x.shape[0], x.shape[1] // 2
+    out = torch.empty(rows, d)
+    lib.kvserve_silu_and_mul_f32(x.data_ptr(), out.data_ptr(), rows, d, x.stride(0), _threads(rows * d))
     return out

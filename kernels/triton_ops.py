@@ -17,6 +17,7 @@ from kvserve.kernels.paged_decode_attention import paged_decode_attention_triton
 from kvserve.kernels.paged_prefill_attention import paged_prefill_attention_triton
 from kvserve.kernels.rms_norm import rms_norm_triton
 from kvserve.kernels.rotary import rotary_embedding_triton
+from kvserve.kernels.silu_and_mul import silu_and_mul_triton
 
 
 class TritonOps:
@@ -38,3 +39,6 @@ class TritonOps:
 
     def rotary(self, positions, query, key, cos_sin_cache, is_neox: bool) -> None:
         rotary_embedding_triton(positions, query, key, cos_sin_cache, is_neox)
+
+    def silu_and_mul(self, x):
+        return silu_and_mul_triton(x)

@@ -55,8 +55,7 @@ class DecoderLayer(nn.Module):
         attn = ops.attention(q, key_cache, value_cache, meta, scale)
         h = self.o_proj(attn.reshape(-1, self.q_size))
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up), residual
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,0 +1,73 @@
+/* The decoder's small per-token operations for the CPU, each one pass over its rows (float32).
+ *
+ * In torch, RMSNorm with its residual add is seven operations (add, pow, mean,
+ * add, rsqrt, two products) and SiLU-and-mul three, each its own pass over
+ * memory and, with more than one thread, its own OpenMP region that ends at a
+ * barrier. At decode sizes (a few rows of 576 or 1536) the work is a few
+ * microseconds and the passes and barriers are most of the cost. Here each is
+ * one pass, and small inputs stay on the calling thread (the caller picks
+ * num_threads). Built with cpu_decode_attention.c by kvserve.kernels.cpu_native.
+ */
+#include <math.h>
+#include <stdint.h>
+
+/* exp(x), vectorizable: as exp_nonpositive in cpu_decode_attention.c, for any x (clamped to
+ * [-87, 88], where float32 exp neither underflows nor overflows). */
+static inline float exp_clamped(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float t = x * 1.44269504088896341f;
+    const float n = rintf(t);
+    const float f = t - n;
+    float y = 1.5353362e-4f;
+    y = y * f + 1.3398874e-3f;
+    y = y * f + 9.6182669e-3f;
+    y = y * f + 5.5503406e-2f;
+    y = y * f + 2.4022652e-1f;
+    y = y * f + 6.9314718e-1f;
+    y = y * f + 1.0f;
+    union { float f; int32_t i; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return y * scale.f;
+}
+
+/* out = weight * norm(x [+ residual]); with a residual, residual_out = x + residual (it may be
+ * `residual` itself: each row is read before it is written). Rows are `stride` floats apart. */
+void kvserve_rms_norm_f32(const float *x, const float *residual, const float *weight, float *out,
+                          float *residual_out, int64_t rows, int64_t n, int64_t x_stride, int64_t r_stride,
+                          float eps, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t row = 0; row < rows; ++row) {
+        const float *xr = x + row * x_stride;
+        float *o = out + row * n;
+        float ss = 0.0f;
+        if (residual != 0) {
+            const float *rr = residual + row * r_stride;
+            float *ro = residual_out + row * n;
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < n; ++i) {
+                const float h = xr[i] + rr[i];
+                ro[i] = h;
+                ss += h * h;
+            }
+            xr = ro;
+        } else {
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+        }
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] = weight[i] * (xr[i] * inv);
+    }
+}
+
+/* out [rows, d] = silu(x[:, :d]) * x[:, d:2d], x rows `x_stride` floats apart. */
+void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                              int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t row = 0; row < rows; ++row) {
+        const float *gate = x + row * x_stride, *up = gate + d;
+        float *o = out + row * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+    }
+}

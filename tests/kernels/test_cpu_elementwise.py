@@ -1,0 +1,58 @@
+"""The native CPU RMSNorm and SiLU-and-mul give the torch references' results within float32 rounding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_test_inputs import assert_close
+from kvserve.backend.ops import TorchOps
+from kvserve.kernels import cpu_native
+from kvserve.kernels.rms_norm import rms_norm_torch
+from kvserve.kernels.silu_and_mul import silu_and_mul_torch
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernels are not built")
+
+
+# 1 row (a batch-1 decode), 16 rows, and enough rows that the op runs on every thread.
+@pytest.mark.parametrize("rows", [1, 16, 300])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_reference(rows, with_residual):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 576, generator=gen) * 3
+    weight = torch.randn(576, generator=gen)
+    residual = torch.randn(rows, 576, generator=gen) if with_residual else None
+    got = cpu_native.rms_norm(x, weight, 1e-5, residual)
+    want = rms_norm_torch(x, weight, 1e-5, residual)
+    if with_residual:
+        assert_close(got[0], want[0], torch.float32)
+        assert torch.equal(got[1], want[1])  # the sum itself is one rounding either way
+        assert_close(residual, want[1] - x, torch.float32)  # the input residual is left as it was
+    else:
+        assert_close(got, want, torch.float32)
+
+
+def test_rms_norm_reads_strided_rows():
+    """A row-strided view (every other row of a wider buffer) is read in place, not copied."""
+    gen = torch.Generator().manual_seed(7)
+    wide = torch.randn(8, 1152, generator=gen)
+    x, weight = wide[:, :576], torch.randn(576, generator=gen)
+    assert_close(cpu_native.rms_norm(x, weight, 1e-6), rms_norm_torch(x, weight, 1e-6), torch.float32)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_silu_and_mul_matches_reference_over_the_whole_range(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * 1536, generator=gen) * 8
+    x[0, :4] = torch.tensor([-200.0, -88.0, 88.0, 200.0])  # beyond exp's float32 range both ways
+    assert_close(cpu_native.silu_and_mul(x), silu_and_mul_torch(x), torch.float32)
+
+
+def test_unsupported_inputs_keep_the_torch_path():
+    """bfloat16, 3-D per-head norms and odd widths are not the kernels' case: TorchOps falls back."""
+    ops = TorchOps()
+    x16 = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert cpu_native.rms_norm(x16, torch.ones(64, dtype=torch.bfloat16), 1e-6) is None
+    assert cpu_native.silu_and_mul(torch.randn(4, 7)) is None
+    heads = torch.randn(4, 3, 64)
+    assert torch.equal(ops.rms_norm(heads, torch.ones(64), 1e-6), rms_norm_torch(heads, torch.ones(64), 1e-6))
+    assert torch.equal(ops.silu_and_mul(x16), silu_and_mul_torch(x16))
