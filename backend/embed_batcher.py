@@ -15,14 +15,17 @@ so under load passes fill by themselves and an idle model answers at once
 instead of waiting for a queue delay to expire.
 
 With `num_workers` > 1 (on the CPU), that many workers run passes at once and
-split the model's threads between them: a pass that runs alone gets them all
-(the latency of one request), two passes at once get half each. On a CPU one
-pass on N OpenMP threads meets a barrier after every op, and when the gateway,
-the gRPC threads or the client take a core from one of its threads the others
-wait at the next barrier; passes side by side on one thread each never wait
-for each other. A worker that finds another idle takes only its share of the
-waiting inputs, so a burst is split between them. The thread count is OpenMP's
-per calling thread (torch.set_num_threads in a worker changes only its own).
+split the model's threads between them. On a CPU one pass on N OpenMP threads
+meets a barrier after every op, and when the gateway, the gRPC threads or the
+client take a core from one of its threads the others wait at the next
+barrier; passes side by side on one thread each never wait for each other. A
+worker that starts while the queue holds more than its share takes its share
+and half the free threads, and another starts beside it on the rest; a pass
+that takes the whole queue gets every free thread (the latency of a lone
+request), and no worker starts until threads are free again, since more
+compute threads than cores would stall that pass at its barriers. The thread
+count is OpenMP's per calling thread (torch.set_num_threads in a worker
+changes only its own).
 """
 from __future__ import annotations
 
@@ -103,6 +106,7 @@ class EmbeddingBatcher:
         # Read in the constructing thread (the model's, which Embedder set); each worker sets its own.
         self._total_threads = torch.get_num_threads()
         self._busy = 0  # workers inside a pass
+        self._threads_in_use = 0  # by the passes running
         self._threads = [threading.Thread(target=self._loop, name="kvserve-embed", daemon=True)
                          for _ in range(self._workers)]
         for thread in self._threads:
@@ -158,22 +162,24 @@ class EmbeddingBatcher:
                 break
         return chosen
 
-    def _share(self) -> int:
-        """How many waiting inputs this worker takes: all of them, or its part when others are idle."""
-        idle = self._workers - self._busy  # this worker included
-        return max(1, -(-self._waiting_inputs // idle))
+    def _has_work(self) -> bool:
+        return any(j.next_input < len(j.inputs) and not j.aborted for j in self._jobs)
 
     def _loop(self) -> None:
         name_this_thread()
         threads = 0
         while True:
             with self._cond:
-                while not self._closed and not any(j.next_input < len(j.inputs) and not j.aborted for j in self._jobs):
+                # A worker starts only on threads no running pass holds: more compute threads than
+                # cores would leave a multi-threaded pass stalled at its barriers.
+                while not self._closed and (not self._has_work() or self._threads_in_use >= self._total_threads):
                     self._cond.wait()
                 if self._closed:
                     pending, self._jobs = list(self._jobs), deque()
                     break
-                chosen = self._take(self._share())
+                free = self._total_threads - self._threads_in_use
+                slots = max(1, min(self._workers - self._busy, free))  # passes that may start now
+                chosen = self._take(-(-self._waiting_inputs // slots))  # this worker's share
                 # Jobs whose every input is now in a pass leave the queue; they finish below.
                 while self._jobs and self._jobs[0].next_input == len(self._jobs[0].inputs):
                     self._jobs.popleft()
@@ -182,12 +188,14 @@ class EmbeddingBatcher:
                     job.passes += 1
                     if job.scheduled is None:
                         job.scheduled = started
+                # All the free threads for a pass that runs alone, an equal part when another
+                # worker starts beside it on the rest of the queue.
+                splitting = self._waiting_inputs > 0 and slots > 1
+                wanted = max(1, free // slots if splitting else free)
+                self._threads_in_use += wanted
                 self._busy += 1
-                # All the threads for a pass that runs alone, else an equal part (a pass already
-                # running keeps its count until it ends).
-                wanted = max(1, self._total_threads // self._busy)
-                if self._waiting_inputs and self._busy < self._workers:
-                    self._cond.notify()  # another worker takes the rest
+                if splitting:
+                    self._cond.notify()
             if wanted != threads:
                 torch.set_num_threads(wanted)
                 threads = wanted
@@ -196,6 +204,9 @@ class EmbeddingBatcher:
             finally:
                 with self._cond:
                     self._busy -= 1
+                    self._threads_in_use -= wanted
+                    if self._workers > 1:
+                        self._cond.notify_all()  # a worker held back for threads may start
         for job in pending:
             self._complete(job, "the embedding model is shutting down", ErrorKind.SHUTDOWN)
 

@@ -45,47 +45,68 @@ def _collect(n: int):
     return results, done, on_done
 
 
-def test_two_workers_run_passes_side_by_side_and_share_the_threads():
+def _batcher(fake: GatedEmbedder, threads: int = 2) -> EmbeddingBatcher:
     saved = torch.get_num_threads()
-    torch.set_num_threads(2)  # the batcher reads the constructing thread's count
+    torch.set_num_threads(threads)  # the batcher reads the constructing thread's count
     try:
-        fake = GatedEmbedder(num_workers=2)
-        batcher = EmbeddingBatcher(fake)
+        return EmbeddingBatcher(fake)
     finally:
         torch.set_num_threads(saved)
-    results, done, on_done = _collect(2)
-    batcher.submit(EmbedJob("held", [[7, 1]], None, None, on_done))
-    assert fake.first_started.wait(10)
-    # The first pass is held: with one worker this request would wait behind it.
-    batcher.submit(EmbedJob("beside", [[9, 1, 1]], None, None, on_done))
-    assert not done.wait(0.5) and len(results) == 1 and "beside" in results
-    fake.gate.set()
-    assert done.wait(10)
-    batcher.shutdown()
-    assert fake.passes == [(1, 2), (1, 1)]  # alone: both threads; beside a running pass: one
-    assert results["held"].embeddings.tolist() == [[7.0, 2.0]]
-    assert results["beside"].embeddings.tolist() == [[9.0, 3.0]]
 
 
-def test_a_burst_is_split_between_idle_workers_in_order():
+def _wait_for_passes(fake: GatedEmbedder, n: int) -> bool:
+    for _ in range(1000):
+        if len(fake.passes) >= n:
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def test_a_burst_is_split_between_idle_workers_side_by_side_on_a_thread_each():
     fake = GatedEmbedder(num_workers=2)
-    batcher = EmbeddingBatcher(fake)
+    batcher = _batcher(fake)
     results, done, on_done = _collect(1)
     inputs = [[i, 0, 0][: 1 + i % 3] for i in range(1, 10)]
     batcher.submit(EmbedJob("burst", inputs, None, None, on_done))
     assert fake.first_started.wait(10)
-    # The first worker took its half (5 of 9); the second takes the rest while the first is held.
-    for _ in range(1000):
-        if len(fake.passes) == 2:
-            break
-        threading.Event().wait(0.01)
+    # The first worker took its half (5 of 9) and one thread; the second runs the rest while it is held.
+    assert _wait_for_passes(fake, 2)
     fake.gate.set()
     assert done.wait(10)
     batcher.shutdown()
-    assert [n for n, _ in fake.passes] == [5, 4]
+    assert fake.passes == [(5, 1), (4, 1)]
     result = results["burst"]
     assert result.num_passes == 2
     assert result.embeddings.tolist() == [[float(ids[0]), float(len(ids))] for ids in inputs]
+
+
+def test_a_lone_pass_takes_every_thread_and_nothing_starts_beside_it():
+    fake = GatedEmbedder(num_workers=2)
+    batcher = _batcher(fake)
+    results, done, on_done = _collect(2)
+    batcher.submit(EmbedJob("held", [[7, 1]], None, None, on_done))
+    assert fake.first_started.wait(10)
+    # Both threads are the held pass's: a second pass beside it would oversubscribe the cores.
+    batcher.submit(EmbedJob("after", [[9, 1, 1]], None, None, on_done))
+    assert not done.wait(0.3) and not results and len(fake.passes) == 1
+    fake.gate.set()
+    assert done.wait(10)
+    batcher.shutdown()
+    assert fake.passes == [(1, 2), (1, 2)]
+    assert results["held"].embeddings.tolist() == [[7.0, 2.0]]
+    assert results["after"].embeddings.tolist() == [[9.0, 3.0]]
+
+
+def test_a_split_shares_the_threads_equally():
+    fake = GatedEmbedder(num_workers=2)
+    batcher = _batcher(fake, threads=4)
+    results, done, on_done = _collect(1)
+    batcher.submit(EmbedJob("pair", [[1], [2]], None, None, on_done))
+    assert fake.first_started.wait(10) and _wait_for_passes(fake, 2)
+    fake.gate.set()
+    assert done.wait(10)
+    batcher.shutdown()
+    assert fake.passes == [(1, 2), (1, 2)]
 
 
 def test_one_worker_runs_one_pass_at_a_time():
