@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from kvserve.backend.structured.spec import FIELD, GrammarSpec
+from kvserve.backend.structured.string_bounds import bounded_strings_as_patterns
 from kvserve.seam.error_wire import invalid
 
 log = logging.getLogger("kvserve.engine.grammar")
@@ -150,7 +151,8 @@ def tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
 
 def _compile(compiler, spec: GrammarSpec):
     if spec.kind == "json":
-        return compiler.compile_json_schema(spec.text, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        schema = bounded_strings_as_patterns(json.loads(spec.text))
+        return compiler.compile_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_JSON_WHITESPACE)
     if spec.kind == "json_object":
         # OpenAI's json_object is an object (xgrammar's builtin JSON grammar takes any value).
         return compiler.compile_json_schema('{"type": "object", "additionalProperties": true}',

@@ -211,3 +211,21 @@ def test_a_constraint_that_allows_no_token_fails_the_request_naming_the_field(ll
     assert final.finished and final.error_param == "structured_outputs"
     assert final.error.startswith("structured_outputs: the constraint allowed no token")
     assert len(eng.matchers) == 0 and eng.kv.num_free_blocks == eng.kv.num_usable_blocks
+
+
+def test_a_length_bounded_string_admits_no_raw_control_character(llm):
+    # xgrammar's own rule for minLength/maxLength let a raw \x04 or tab into the string (not JSON).
+    import xgrammar as xgr
+    from kvserve.backend.structured.string_bounds import bounded_strings_as_patterns
+
+    word = {"type": "string", "minLength": 2, "maxLength": 4}
+    schema = {"type": "object", "properties": {"w": word, "const": word, "e": {"enum": [word]}},
+              "required": ["w"], "additionalProperties": False}
+    rewritten = bounded_strings_as_patterns(schema)
+    assert rewritten["properties"]["w"] == rewritten["properties"]["const"] != word
+    assert rewritten["properties"]["e"] == {"enum": [word]}  # data is left alone
+    compiled = llm.engine.grammars.compile(parse_spec({"json": schema}))
+    for text, ok in [('{"w": "ab"}', True), ('{"w": "a\x04b"}', False), ('{"w": "a\tb"}', False),
+                     ('{"w": "a"}', False), ('{"w": "abcde"}', False), ('{"w": "\u00e9t\u00e9"}', True)]:
+        matcher = xgr.GrammarMatcher(compiled)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, (text, ok)
