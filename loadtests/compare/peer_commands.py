@@ -120,10 +120,11 @@ class Command:
 
 
 def kvserve_server(s: Settings, port: int, kvserve_bin: str) -> Command:
-    """kvserve serve with its defaults but the dtype: the whole HTTP + gRPC + engine path."""
+    """kvserve serve with its defaults but the dtype and the KV cache budget (vLLM's, so that
+    neither server preempts where the other does not): the whole HTTP + gRPC + engine path."""
     return Command([kvserve_bin, "serve", "--model", str(s.kvserve_model or s.hf_model), "--host", "127.0.0.1",
                     "--port", str(port), "--served-model-name", s.served_name, "--dtype", s.dtype,
-                    "--seed", str(s.seed), *s.kvserve_args])
+                    "--kv-cache-memory", f"{s.vllm_kvcache_gib}GiB", "--seed", str(s.seed), *s.kvserve_args])
 
 
 def vllm_server(s: Settings, port: int, inst: VllmInstall) -> Command:

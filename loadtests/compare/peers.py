@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the run's concurrency, so every batch size up to it is seen first)")
     p.add_argument("--served-model-name", default="smollm2")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
-    p.add_argument("--vllm-kvcache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--vllm-kvcache-gib", type=int, default=4, help="KV cache GiB of both: vLLM's VLLM_CPU_KVCACHE_SPACE and kvserve's "
+                   "--kv-cache-memory (kvserve's own CPU default, 512 MiB, preempts at concurrency 64)")
     p.add_argument("--vllm-omp-threads-bind", default="auto", help="VLLM_CPU_OMP_THREADS_BIND")
     p.add_argument("--vllm-reserved-cpus", type=int, default=None, help="VLLM_CPU_NUM_OF_RESERVED_CPU "
                    "(default: vLLM's own, one core on x86 for its API server and scheduler)")

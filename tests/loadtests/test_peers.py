@@ -80,6 +80,7 @@ def test_kvserve_server_and_extra_args():
     argv = kvserve_server(s, 7000, "/v/bin/kvserve").argv
     assert argv[:2] == ["/v/bin/kvserve", "serve"] and argv[-2:] == ["--max-num-seqs", "64"]
     assert _flag(argv, "--dtype") == "float32" and _flag(argv, "--served-model-name") == "smol"
+    assert _flag(argv, "--kv-cache-memory") == f"{s.vllm_kvcache_gib}GiB"  # the budget vLLM gets
     gguf = Settings(S.hf_model, S.gguf_model, kvserve_model=Path("/m/k.gguf"))
     assert _flag(kvserve_server(gguf, 7000, "k").argv, "--model") == "/m/k.gguf"
     with pytest.raises(ValueError, match="unknown server"):
