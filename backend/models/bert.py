@@ -86,6 +86,7 @@ class _Group:
     src: torch.Tensor  # packed row of each real token of the group
     dst: torch.Tensor  # its row in the group's [rows * width] padded layout
     key_mask: torch.Tensor | None  # [rows, 1, 1, width] True where a key is real; None when none is padding
+    start: int | None = None  # one input: its first packed row (its rows are a slice, no gather needed)
 
 
 @dataclass(slots=True)
@@ -138,7 +139,8 @@ def _attention_groups(lens: list[int], starts: list[int], device: torch.device) 
             mask = torch.tensor([[p < lens[i] for p in range(width)] for i in members], dtype=torch.bool,
                                 device=device).view(len(members), 1, 1, width)
         out.append(_Group(len(members), width, torch.tensor(src, dtype=torch.long, device=device),
-                          torch.tensor(dst, dtype=torch.long, device=device), mask))
+                          torch.tensor(dst, dtype=torch.long, device=device), mask,
+                          starts[members[0]] if len(members) == 1 else None))
     return out
 
 
@@ -147,13 +149,16 @@ def varlen_attention(qkv: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     total, _, heads, head_dim = qkv.shape
     out = qkv.new_empty(total, heads * head_dim)
     for g in batch.groups:
-        if g.rows == 1:
-            part = qkv[g.src]  # one input: its own rows, no padding
+        if g.start is not None:  # one input: its own rows, a view (an index gather costs more than SDPA here)
+            part = qkv[g.start:g.start + g.width]
         else:
             part = qkv.new_zeros(g.rows * g.width, 3, heads, head_dim)
             part[g.dst] = qkv[g.src]
         q, k, v = part.view(g.rows, g.width, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask)  # [rows, heads, width, head_dim]
+        if g.start is not None:
+            out[g.start:g.start + g.width].view(g.width, heads, head_dim).copy_(attn[0].transpose(0, 1))
+            continue
         attn = attn.transpose(1, 2).reshape(g.rows * g.width, heads * head_dim)
         out[g.src] = attn[g.dst]
     return out
