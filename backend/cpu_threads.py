@@ -13,7 +13,13 @@ alone on one core runs at 0.67x its speed on two).
 """
 from __future__ import annotations
 
-import functools
+import torch
+
+# Read when this module is first imported (on the thread that imports the engine, before any
+# engine or embedding worker has changed a count): torch.set_num_threads on any thread also sets
+# the count that threads started later begin with, so reading it later, from a fresh thread, can
+# see another component's choice (an embedding worker's one thread) instead of torch's default.
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
 
 def engine_threads(num_threads: int | None, reserved_cores: int, default_threads: int) -> int | None:
@@ -32,13 +38,7 @@ def engine_threads(num_threads: int | None, reserved_cores: int, default_threads
     return default_threads - reserved_cores
 
 
-@functools.cache
 def torch_default_threads() -> int:
-    """torch's thread count before any engine of this process changed it.
-
-    torch.set_num_threads also sets the count threads started later begin with,
-    so a second engine in one process must not read it again (it would reserve
-    cores twice)."""
-    import torch
-
-    return torch.get_num_threads()
+    """torch's thread count before any engine of this process changed it (a second engine
+    reading the current count would reserve cores twice)."""
+    return _TORCH_DEFAULT_THREADS

@@ -81,11 +81,13 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
-        if threads is not None:
-            torch.set_num_threads(threads)
-            if config.num_threads and config.cpu_reserved_cores:
-                log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
-            log.info("engine uses %d CPU thread(s)", threads)
+        if threads is not None and config.num_threads and config.cpu_reserved_cores:
+            log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
+        # Always set, on the thread that steps the engine: a thread begins with the count last set
+        # anywhere in the process (an embedding worker's, say), not with torch's default.
+        threads = threads or torch_default_threads()
+        torch.set_num_threads(threads)
+        log.info("engine uses %d CPU thread(s)", threads)
         self.device = resolve_device(config.device)
         # Taken before anything is loaded: the memory profile measures weights and activations against it.
         cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None

@@ -61,3 +61,26 @@ def test_the_engine_thread_runs_with_the_cores_left(llama_dir, restore_torch_thr
 def test_reserving_every_core_fails_at_start_up_with_the_field_named(llama_dir, restore_torch_threads) -> None:
     with pytest.raises(ValueError, match="cpu_reserved_cores"):
         AsyncEngine(EngineConfig(model=llama_dir, max_model_len=128, cpu_reserved_cores=torch_default_threads()))
+
+
+def test_the_engine_thread_gets_torchs_default_whatever_another_thread_set_last(llama_dir, restore_torch_threads):
+    """An embedding worker (any thread) setting one thread must not shrink an engine started after it."""
+    default = torch_default_threads()
+    other = threading.Thread(target=torch.set_num_threads, args=(1,))
+    other.start()
+    other.join()
+    engine = AsyncEngine(EngineConfig(model=llama_dir, max_model_len=128))
+    try:
+        done = threading.Event()
+        seen = []
+
+        def on_output(out) -> None:
+            seen.append(torch.get_num_threads())
+            if out.finished:
+                done.set()
+
+        engine.add_request("r", "Once upon a time", SamplingParams(max_tokens=2, temperature=0), on_output)
+        assert done.wait(60)
+        assert set(seen) == {default}
+    finally:
+        engine.shutdown()
