@@ -29,6 +29,8 @@ changes only its own).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 import time
@@ -44,6 +46,29 @@ from kvserve.seam.error_wire import ErrorKind
 from kvserve.observability.thread_names import name_this_thread
 
 log = logging.getLogger("kvserve.backend.embed")
+
+
+def _set_own_threads(n: int) -> None:
+    """The calling thread's OpenMP thread count, and no other's. torch.set_num_threads also sets
+    the count that every thread started later begins with (an LLM engine loaded next, a test);
+    omp_set_num_threads sets the caller's only. torch.get_num_threads() first: torch's
+    once-per-thread initialisation would otherwise override it at the first parallel op. (MKL
+    keeps its own count: the packed oneDNN linears do not use it.)"""
+    torch.get_num_threads()
+    omp = _openmp()
+    if omp is None:
+        torch.set_num_threads(n)
+    else:
+        omp.omp_set_num_threads(n)
+
+
+@functools.cache
+def _openmp():
+    """torch's libgomp (already loaded, found by its soname), or None for another OpenMP runtime."""
+    try:
+        return ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        return None
 
 
 class BatcherOverloaded(Exception):
@@ -197,7 +222,7 @@ class EmbeddingBatcher:
                 if splitting:
                     self._cond.notify()
             if wanted != threads:
-                torch.set_num_threads(wanted)
+                _set_own_threads(wanted)
                 threads = wanted
             try:
                 self._run(chosen, started)

@@ -75,6 +75,12 @@ def test_a_burst_is_split_between_idle_workers_side_by_side_on_a_thread_each():
     assert done.wait(10)
     batcher.shutdown()
     assert fake.passes == [(5, 1), (4, 1)]
+    # The workers' counts are their own: a thread started now begins with the process's default.
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen == [torch.get_num_threads()]
     result = results["burst"]
     assert result.num_passes == 2
     assert result.embeddings.tolist() == [[float(ids[0]), float(len(ids))] for ids in inputs]
