@@ -69,12 +69,12 @@ def test_a_burst_is_split_between_idle_workers_side_by_side_on_a_thread_each():
     inputs = [[i, 0, 0][: 1 + i % 3] for i in range(1, 10)]
     batcher.submit(EmbedJob("burst", inputs, None, None, on_done))
     assert fake.first_started.wait(10)
-    # The first worker took its half (5 of 9) and one thread; the second runs the rest while it is held.
+    # One worker took its half (5 of 9) and one thread, the other the rest beside it.
     assert _wait_for_passes(fake, 2)
     fake.gate.set()
     assert done.wait(10)
     batcher.shutdown()
-    assert fake.passes == [(5, 1), (4, 1)]
+    assert sorted(fake.passes) == [(4, 1), (5, 1)]  # (which enters embed first is up to the scheduler)
     # The workers' counts are their own: a thread started now begins with the process's default.
     seen = []
     thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
