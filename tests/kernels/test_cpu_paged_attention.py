@@ -39,7 +39,8 @@ def decode_path(request, monkeypatch):
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [20, 1, 5, 1], [1, 33, 1, 1], [7, 3, 2, 40]])
 def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_path):
-    """The torch path is bitwise the reference; the native kernel's decode rows are within float32 rounding."""
+    """Decode-only steps on the torch path are bitwise the reference; prefill rows (SDPA's batched
+    path) and the native kernel's decode rows are within float32 rounding."""
     gen = torch.Generator().manual_seed(len(query_lens) + sum(query_lens))
     ops = TorchOps()
     # Two "steps" with other lengths and tables: the second must not reuse the first's plan.
@@ -52,7 +53,7 @@ def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_p
             kv = kv._replace(key_cache=kv.key_cache + layer, value_cache=kv.value_cache * (layer + 1))
             got = ops.attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
             want = _reference(query, kv, meta)
-            if decode_path == "torch":
+            if decode_path == "torch" and max(query_lens) == 1:
                 assert torch.equal(got, want), (step, layer)
             else:
                 assert_close(got, want, torch.float32)
