@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 #define KVSERVE_MAX_HEADS 64
 #define KVSERVE_MAX_HEAD_DIM 256
 #define KVSERVE_MAX_BLOCK 64
@@ -45,26 +47,6 @@ static inline void scale_row(float *restrict x, float c, int64_t n) {
 static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-/* exp(x) for x <= 0 (softmax arguments), vectorizable: 2^(x log2 e) split into 2^n (the float's
- * exponent bits) and 2^f, f in [-1/2, 1/2], by a degree-6 polynomial (relative error ~2e-7, about
- * libm's expf). Arguments below -87 give ~1e-38 instead of the underflow to 0. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float t = x * 1.44269504088896341f;
-    const float n = rintf(t);
-    const float f = t - n;
-    float y = 1.5353362e-4f;
-    y = y * f + 1.3398874e-3f;
-    y = y * f + 9.6182669e-3f;
-    y = y * f + 5.5503406e-2f;
-    y = y * f + 2.4022652e-1f;
-    y = y * f + 6.9314718e-1f;
-    y = y * f + 1.0f;
-    union { float f; int32_t i; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return y * scale.f;
 }
 
 /* One request's query heads of kv heads [kv_lo, kv_hi) against its context, block by block, each
@@ -98,11 +80,11 @@ static inline void attend(const float *restrict q, const float *restrict key_cac
 #pragma omp simd reduction(max : block_max)
             for (int64_t t = 0; t < n; ++t) block_max = pi[t] > block_max ? pi[t] : block_max;
             const float new_max = mx[i] > block_max ? mx[i] : block_max;
-            const float correction = exp_nonpositive(mx[i] - new_max); /* ~0 on the first block */
+            const float correction = kvserve_exp(mx[i] - new_max); /* ~0 on the first block */
             float block_sum = 0.0f;
 #pragma omp simd reduction(+ : block_sum)
             for (int64_t t = 0; t < n; ++t) {
-                pi[t] = exp_nonpositive(pi[t] - new_max);
+                pi[t] = kvserve_exp(pi[t] - new_max);
                 block_sum += pi[t];
             }
             sum[i] = sum[i] * correction + block_sum;

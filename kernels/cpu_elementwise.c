@@ -11,24 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* exp(x), vectorizable: as exp_nonpositive in cpu_decode_attention.c, for any x (clamped to
- * [-87, 88], where float32 exp neither underflows nor overflows). */
-static inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float t = x * 1.44269504088896341f;
-    const float n = rintf(t);
-    const float f = t - n;
-    float y = 1.5353362e-4f;
-    y = y * f + 1.3398874e-3f;
-    y = y * f + 9.6182669e-3f;
-    y = y * f + 5.5503406e-2f;
-    y = y * f + 2.4022652e-1f;
-    y = y * f + 6.9314718e-1f;
-    y = y * f + 1.0f;
-    union { float f; int32_t i; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return y * scale.f;
-}
+#include "cpu_exp.h"
 
 /* out = weight * norm(x [+ residual]); with a residual, residual_out = x + residual (it may be
  * `residual` itself: each row is read before it is written). Rows are `stride` floats apart. */
@@ -68,6 +51,6 @@ void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t 
         const float *gate = x + row * x_stride, *up = gate + d;
         float *o = out + row * d;
 #pragma omp simd
-        for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+        for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + kvserve_exp(-gate[i])) * up[i];
     }
 }

@@ -28,6 +28,7 @@ import torch
 log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c")]
+_HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -47,7 +48,7 @@ def _cpu_flags() -> str:
 
 
 def _build(compiler: str) -> Path:
-    source = b"".join(path.read_bytes() for path in _SOURCES)
+    source = b"".join(path.read_bytes() for path in (*_SOURCES, *_HEADERS))
     digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"kvserve_cpu_kernels-{digest}.so"
     if out.is_file():
