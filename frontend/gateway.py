@@ -14,9 +14,13 @@ from kvserve.frontend.api_keys import key_digest
 from kvserve.frontend.chat_template import FALLBACK_TEMPLATE
 from kvserve.frontend.gateway_config import GatewayConfig
 from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.protocol import BackendClient, EmbeddingBackend
+from kvserve.frontend.protocol import BackendClient, BackendUnavailable, EmbeddingBackend
 from kvserve.frontend.readiness import ReadinessCache
 from kvserve.observability.metrics_gateway import GatewayMetrics
+
+# How long requests wait before asking a backend whose describe failed in transport again (each
+# attempt can cost the describe timeout; the start-up loop keeps asking every second meanwhile).
+FACTS_RETRY_S = 5.0
 
 
 @dataclass(slots=True)
@@ -30,8 +34,9 @@ class Gateway:
     draining: bool = False  # SIGTERM received: readiness and new generation requests answer 503
     active: set = field(default_factory=set)  # Fanouts in flight (generation.py), aborted at the drain deadline
     key_digests: list = field(default_factory=list, init=False)  # [(key_digest(key), tenant)] for middleware.auth
-    facts_asked: bool = False  # learn_model_facts ran (or had nothing to learn)
+    facts_asked: bool = False  # learn_model_facts got an answer (or had nothing to learn)
     _facts_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _facts_retry_at: float = field(default=0.0, init=False)  # monotonic time before which requests don't ask again
     embedder: EmbeddingBackend | None = None  # the embedding model's backend (--embedding-model)
     embed_readiness: ReadinessCache | None = None
 
@@ -91,18 +96,33 @@ class Gateway:
             raise shutting_down()
         if not await self.readiness.ready():
             raise backend_unavailable()
-        if not self.facts_asked:
+        if not self.facts_asked and time.monotonic() >= self._facts_retry_at:
+            await self.learn_model_facts()
+
+    async def learn_model_facts_if_ready(self) -> None:
+        """For /v1/models: a ready backend's facts are learned before the list is answered (a
+        client asking right after start-up must not see the defaults); never fails."""
+        if self.facts_asked or self.draining or time.monotonic() < self._facts_retry_at:
+            return
+        assert self.readiness is not None
+        if await self.readiness.ready():
             await self.learn_model_facts()
 
     async def learn_model_facts(self) -> None:
         """Ask a ready backend for what the flags left unknown: the context length (so chat
         without max_tokens gets "up to the context", not the engine's default of 16) and the
-        served name. Once: a backend that cannot tell (an older model) is not asked again."""
+        served name. Once answered: a backend that cannot tell (an older model) is not asked again.
+        A describe that failed in transport (a timeout while the host was busy) answered nothing:
+        it is asked again, by requests at most every FACTS_RETRY_S and by the start-up loop."""
         async with self._facts_lock:
             if self.facts_asked or (self.config.max_model_len is not None and not self.config.learn_served_name):
                 self.facts_asked = True
                 return
-            facts = await self.backend.describe()
+            try:
+                facts = await self.backend.describe()
+            except BackendUnavailable:
+                self._facts_retry_at = time.monotonic() + FACTS_RETRY_S
+                return
             self.facts_asked = True
             if facts is None:
                 return
@@ -116,7 +136,7 @@ class Gateway:
         while not self.facts_asked:
             if await self.backend.ready():
                 await self.learn_model_facts()
-            else:
+            if not self.facts_asked:
                 await asyncio.sleep(interval_s)
 
 

@@ -47,12 +47,14 @@ def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
 
 async def list_models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    await gateway.learn_model_facts_if_ready()
     names = [*gateway.config.served_model_names, *gateway.config.embedding_model_names]
     return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in names]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
+    await gateway.learn_model_facts_if_ready()
     name = request.match_info["model"]
     if name not in gateway.config.embedding_model_names:
         name = gateway.resolve_model(name)

@@ -116,7 +116,8 @@ class BackendClient(Protocol):
 
     async def describe(self) -> ModelFacts | None:
         """The served model's context length and name, asked of the backend; None when it
-        cannot tell (not ready, or a model that predates the question)."""
+        cannot tell (a model that predates the question). Raises BackendUnavailable when no
+        answer came (transport failure, timeout): then it may be asked again."""
         ...
 
     async def close(self) -> None: ...

@@ -99,8 +99,8 @@ class TritonBackendClient:
                 if message.error_message:  # a model that predates the question treats it as a prompt
                     return None
                 return parse_model_facts(message.infer_response)
-        except grpc.aio.AioRpcError:
-            return None
+        except grpc.aio.AioRpcError as exc:  # no answer at all: the caller asks again later
+            raise BackendUnavailable(f"describe failed: {exc.code().name}") from None
         finally:
             call.cancel()
         return None

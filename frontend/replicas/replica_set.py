@@ -299,11 +299,19 @@ class ReplicaSet:
             return None
 
     async def describe(self) -> ModelFacts | None:
-        """The first ready replica's answer (replicas of one deployment serve one model)."""
+        """The first ready replica's answer (replicas of one deployment serve one model).
+        BackendUnavailable when no replica answered at all (so the gateway asks again)."""
+        failed = False
         for replica in [r for r in self._replicas if r.ready]:
-            facts = await replica.client.describe()
+            try:
+                facts = await replica.client.describe()
+            except BackendUnavailable:
+                failed = True
+                continue
             if facts is not None:
                 return facts
+        if failed:
+            raise BackendUnavailable("no replica answered the describe request")
         return None
 
     # ---- metrics and shutdown ---------------------------------------------------------------
