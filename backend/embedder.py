@@ -35,7 +35,9 @@ class EmbedderConfig:
     max_num_batched_tokens: int = 16384
     max_inputs_per_request: int = MAX_EMBEDDING_INPUTS
     num_threads: int | None = None    # default: torch's (one per core)
-    num_workers: int = 2              # passes at once on the CPU, sharing the threads (embed_batcher.py)
+    # Passes at once on the CPU, sharing the threads (embed_batcher.py). 1: on the quiet 2-core VM two
+    # workers served 0.64x the embeddings/s of one at concurrency 16 (BENCHMARKS §9).
+    num_workers: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
