@@ -3,19 +3,13 @@ cache), and the official openai client gets real text from it: the answers, stop
 really produces, seeded sampling, long streamed answers and multi-byte characters."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
+
+from tests.serve_process import kvserve_serve
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -23,25 +17,9 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def client(real_model_path: str):
     # real_model_path: fetched first, so the server's own fetch is a cache hit inside its start-up time.
-    env = dict(os.environ, OTEL_TRACES_EXPORTER="none")
-    proc = subprocess.Popen([sys.executable, "-m", "kvserve.frontend.cli", "serve", "--port", "0",
-                             "--max-num-seqs", "16", "--log-format", "console"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line, deadline = "", time.monotonic() + 300
-        while time.monotonic() < deadline and not line.startswith("kvserve gateway ready"):
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                pytest.fail(f"kvserve serve exited with {proc.returncode}")
+    with kvserve_serve(["--port", "0", "--max-num-seqs", "16", "--log-format", "console"], timeout_s=300) as (_, line):
         assert f"model={MODEL}" in line, line
         yield openai.OpenAI(base_url=f"{line.split()[3]}/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def _chat(client, messages, **kw):

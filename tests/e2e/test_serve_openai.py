@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.serve_process import kvserve_serve
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -59,29 +58,10 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(llama_dir: str):
-    env = dict(os.environ, OTEL_TRACES_EXPORTER="none")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve.frontend.cli", "serve", "--model", llama_dir, "--port", "0",
-         "--served-model-name", MODEL, "--api-key", API_KEY, "--max-num-seqs", "48", "--num-kv-blocks", "1024",
-         "--log-format", "console"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    try:
-        line = ""
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not line.startswith("kvserve gateway ready"):
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                pytest.fail(f"kvserve serve exited with {proc.returncode}")
-        assert line.startswith("kvserve gateway ready"), line
+    args = ["--model", llama_dir, "--port", "0", "--served-model-name", MODEL, "--api-key", API_KEY,
+            "--max-num-seqs", "48", "--num-kv-blocks", "1024", "--log-format", "console"]
+    with kvserve_serve(args, timeout_s=240) as (proc, line):
         yield Served(proc, line.split()[3])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
 
 
 def test_models_and_health(served: Served) -> None:

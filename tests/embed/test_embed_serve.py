@@ -6,23 +6,17 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.embed.embed_fixtures import MAX_TOKENS, minilm_dir, parity_texts
+from tests.serve_process import kvserve_serve
 
 openai = pytest.importorskip("openai")
-REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-embed"
 CHAT = "tiny-llama"
 EMBED = "minilm"
@@ -61,28 +55,11 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def served(llama_dir: str, model_dir: str):
-    env = dict(os.environ, OTEL_TRACES_EXPORTER="none")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvserve.frontend.cli", "serve", "--model", llama_dir, "--port", "0",
-         "--served-model-name", CHAT, "--embedding-model", model_dir, "--embedding-served-model-name", EMBED, "--api-key", API_KEY,
-         "--max-num-seqs", "16", "--num-kv-blocks", "512", "--log-format", "console"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = ""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not line.startswith("kvserve gateway ready"):
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                pytest.fail(f"kvserve serve exited with {proc.returncode}")
-        assert line.startswith("kvserve gateway ready"), line
+    args = ["--model", llama_dir, "--port", "0", "--served-model-name", CHAT, "--embedding-model", model_dir,
+            "--embedding-served-model-name", EMBED, "--api-key", API_KEY, "--max-num-seqs", "16",
+            "--num-kv-blocks", "512", "--log-format", "console"]
+    with kvserve_serve(args, timeout_s=300, check_exit=False) as (_, line):
         yield Served(line.split()[3])
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
 
 
 @pytest.fixture(scope="module")
