@@ -7,8 +7,7 @@ min-p filtering, then a draw. Logprobs are those of the raw model distribution.
 
 Per-request seeds use a private torch.Generator that only that request
 advances, so a seeded request yields the same tokens whatever else shares its
-batch. Unseeded rows draw together with the exponential-race trick
-(argmax(p / Exp(1)) is a sample from p), one kernel for the whole batch.
+batch. Each row's draw is one uniform number inverted through its CDF.
 """
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from typing import Callable
 import torch
 
 from kvserve.backend.sampling_params import SamplingParams
+from kvserve.kernels import cpu_native
 
 
 @dataclass(slots=True)
@@ -95,17 +95,46 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return logits
 
 
+def _draw(scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """One token per row from temperature-scaled, filtered logits: a single uniform per row
+    inverted through the row's CDF.
+
+    Exact, and about one pass over each row (natively on the CPU). The exponential race it
+    replaced drew one random number per vocabulary entry; on the CPU that was 12 ms per step at
+    16 rows of a 49k vocabulary (46 ms at 64), a third of a decode step."""
+    u = torch.rand(len(rows), dtype=torch.float64, device=scaled.device)
+    for i, r in enumerate(rows):
+        if r.generator is not None:
+            u[i] = torch.rand(1, generator=r.generator, dtype=torch.float64, device=scaled.device)
+    ids = cpu_native.sample_rows(scaled, u) if scaled.device.type == "cpu" else None
+    if ids is None:
+        probs = scaled.softmax(dim=-1)
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+        ids = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)
+        ids = ids.squeeze(1)
+        # u * total can round up to the total itself, past the last token with mass.
+        ids = torch.where(probs.gather(1, ids[:, None]).squeeze(1) > 0, ids, -1)
+    # No token with mass (a row the grammar emptied, NaN logits): the best one stands in, as in
+    # greedy decoding; the caller turns an emptied constrained row into NO_TOKEN.
+    if bool((ids < 0).any()):
+        ids = torch.where(ids >= 0, ids, scaled.argmax(dim=-1))
+    return ids
+
+
 class Sampler:
+    @torch.inference_mode()  # the logits are the forward pass's inference tensor, updated in place
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
                  constrain: Callable[[torch.Tensor], None] | None = None) -> list[SampledToken]:
         """`constrain` masks disallowed tokens to -inf in place (structured outputs), first. A
         constrained row left with no allowed token (the grammar's end banned by min_tokens, say)
-        gets NO_TOKEN instead of an arbitrary argmax over -inf."""
+        gets NO_TOKEN instead of an arbitrary argmax over -inf.
+
+        `logits` is the step's own tensor and is overwritten: every full-vocabulary pass counts
+        here (at 64 rows of a 49k vocabulary, each copy is 12.6 MB)."""
         logits = logits.float()
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in rows):
             raw_logprobs = logits.log_softmax(dim=-1)
-        logits = logits.clone()
         if constrain is not None:
             constrain(logits)
         self._bias_and_min_tokens(logits, rows)
@@ -114,20 +143,11 @@ class Sampler:
         greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
         temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows],
                              device=logits.device)
-        token_ids = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
-            scaled = _filter(logits / temps[:, None], rows)
-            probs = scaled.softmax(dim=-1)
-            noise = torch.empty_like(probs)
-            for i, r in enumerate(rows):
-                if r.generator is not None:
-                    noise[i].exponential_(generator=r.generator)
-            unseeded = torch.tensor([r.generator is None for r in rows], device=logits.device)
-            if bool(unseeded.any()):
-                fresh = torch.empty_like(probs).exponential_()
-                noise = torch.where(unseeded[:, None], fresh, noise)
-            sampled = (probs / noise).argmax(dim=-1)
-            token_ids = torch.where(greedy, token_ids, sampled)
+        all_greedy = bool(greedy.all())
+        token_ids = logits.argmax(dim=-1) if all_greedy or bool(greedy.any()) else None
+        if not all_greedy:
+            sampled = _draw(_filter(logits.div_(temps[:, None]), rows), rows)  # greedy rows: divided by 1
+            token_ids = sampled if token_ids is None else torch.where(greedy, token_ids, sampled)
         if constrain is not None:
             token_ids = torch.where(torch.isinf(logits).all(dim=-1), NO_TOKEN, token_ids)
         return self._package(token_ids.tolist(), raw_logprobs, rows)

@@ -9,7 +9,8 @@ callers keep their torch path.
 
 - cpu_decode_attention.c: paged decode attention reading the KV cache in place;
 - cpu_elementwise.c: RMSNorm (with its residual add) and SiLU-and-mul in one
-  pass each.
+  pass each;
+- cpu_sampling.c: one token per row of filtered logits by inverting its CDF.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch
 
 log = logging.getLogger("kvserve.engine")
 
-_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c")]
+_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -89,6 +90,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_rms_norm_f32.restype = None
     lib.kvserve_silu_and_mul_f32.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
     lib.kvserve_silu_and_mul_f32.restype = None
+    lib.kvserve_sample_rows_f32.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.kvserve_sample_rows_f32.restype = ctypes.c_int
     return lib
 
 
@@ -176,4 +179,19 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     rows, d = x.shape[0], x.shape[1] // 2
     out = torch.empty(rows, d)
     lib.kvserve_silu_and_mul_f32(x.data_ptr(), out.data_ptr(), rows, d, x.stride(0), _threads(rows * d))
+    return out
+
+
+def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | None:
+    """One token id per row of temperature-scaled, filtered float32 CPU logits [B, V] (-inf: never
+    drawn), inverting each row's CDF at `uniforms` (float64 [B], in [0, 1)); -1 for a row with no
+    finite mass. None when the library (or this shape) is not served: the caller's torch path runs."""
+    lib = _library()
+    if lib is None or not _rows_ok(logits) or uniforms.dtype != torch.float64 or not uniforms.is_contiguous():
+        return None
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    if lib.kvserve_sample_rows_f32(logits.data_ptr(), logits.stride(0), rows, vocab, uniforms.data_ptr(),
+                                   out.data_ptr(), _threads(rows * vocab)):
+        return None
     return out
