@@ -55,9 +55,11 @@ class TorchOps:
     def rotary(self, positions, query, key, cos_sin_cache, is_neox: bool) -> None:
         r = self._rotary
         if r is None or r[0] is not positions or r[1] is not cos_sin_cache:
-            cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)
-            r = self._rotary = (positions, cos_sin_cache, cos[:, None, :], sin[:, None, :])
-        rotate_torch(query, key, r[2], r[3], is_neox)
+            cos, sin = (half.contiguous() for half in cos_sin_cache[positions.long()].float().chunk(2, dim=-1))
+            r = self._rotary = (positions, cos_sin_cache, cos, sin)
+        for x in (query, key):
+            if not cpu_native.rotary(x, r[2], r[3], is_neox):
+                rotate_torch(x, None, r[2][:, None, :], r[3][:, None, :], is_neox)
 
 
 def select_ops(attention_backend: str, device: torch.device):

@@ -8,9 +8,10 @@ Without a compiler (or with KVSERVE_CPU_NATIVE=0) `available()` is False and
 callers keep their torch path.
 
 - cpu_decode_attention.c: paged decode attention reading the KV cache in place;
-- cpu_elementwise.c: RMSNorm (with its residual add) and SiLU-and-mul in one
-  pass each;
-- cpu_sampling.c: one token per row of filtered logits by inverting its CDF.
+- cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
+  rotary embedding in one pass each;
+- cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
+- cpu_linear.c: float32 linear layers over weights packed once, for decode-sized row counts.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch
 
 log = logging.getLogger("kvserve.engine")
 
-_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c")]
+_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -90,8 +91,14 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_rms_norm_f32.restype = None
     lib.kvserve_silu_and_mul_f32.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
     lib.kvserve_silu_and_mul_f32.restype = None
+    lib.kvserve_rotary_f32.argtypes = [p, i64, i64, i64, i64, p, p, i64, ctypes.c_int, ctypes.c_int]
+    lib.kvserve_rotary_f32.restype = None
     lib.kvserve_sample_rows_f32.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
     lib.kvserve_sample_rows_f32.restype = ctypes.c_int
+    lib.kvserve_pack_linear_f32.argtypes = [p, i64, i64, p]
+    lib.kvserve_pack_linear_f32.restype = None
+    lib.kvserve_linear_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_f32.restype = ctypes.c_int
     return lib
 
 
@@ -182,6 +189,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> bool:
+    """`rotate_torch` on one float32 CPU tensor x [T, H, D] (unit stride within a head), in place,
+    with cos/sin [T, rotary_dim / 2] contiguous; False (x untouched) where it does not apply."""
+    lib = _library()
+    half = cos.shape[-1] if cos.dim() == 2 else -1
+    if (lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 3 or x.stride(2) != 1
+            or cos.dtype != torch.float32 or sin.dtype != torch.float32 or not cos.is_contiguous()
+            or not sin.is_contiguous() or cos.shape != (x.shape[0], half) or sin.shape != cos.shape
+            or 2 * half > x.shape[2]):
+        return False
+    rows, heads, _ = x.shape
+    lib.kvserve_rotary_f32(x.data_ptr(), rows, heads, x.stride(0), x.stride(1), cos.data_ptr(), sin.data_ptr(),
+                           half, int(is_neox), _threads(rows * heads * 2 * half))
+    return True
+
+
 def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | None:
     """One token id per row of temperature-scaled, filtered float32 CPU logits [B, V] (-inf: never
     drawn), inverting each row's CDF at `uniforms` (float64 [B], in [0, 1)); -1 for a row with no
@@ -195,3 +218,45 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | 
                                    out.data_ptr(), _threads(rows * vocab)):
         return None
     return out
+
+
+_LINEAR_TILE = 16  # cpu_linear.c's KVSERVE_LINEAR_TILE
+
+
+@functools.cache
+def _linear_runs() -> bool:
+    """Whether this build's linear kernel runs (it needs AVX-512): one 1x1 product, tried once."""
+    lib = _library()
+    if lib is None:
+        return False
+    w, x, out = torch.ones(_LINEAR_TILE), torch.ones(1), torch.empty(1)
+    return lib.kvserve_linear_f32(x.data_ptr(), 1, 1, 1, w.data_ptr(), 1, None, out.data_ptr(), 1, 1) == 0
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
+    """A float32 [N, K] weight in `linear`'s tiled layout, or None where the kernel does not run."""
+    if not _linear_runs() or weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        return None
+    n, k = weight.shape
+    weight = weight.detach().contiguous()
+    packed = torch.empty((n + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k)
+    _library().kvserve_pack_linear_f32(weight.data_ptr(), n, k, packed.data_ptr())
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a `pack_linear` weight, plus bias; None if
+    the kernel declines (the caller's other path runs)."""
+    lib = _library()
+    if lib is None or not _rows_ok(x):
+        return None
+    rows, k = x.shape
+    if packed.numel() != (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k or (
+            bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
+                                  or bias.numel() != out_features)):
+        raise ValueError("native linear: the input width, packed weight and bias do not agree")  # it trusts them
+    out = torch.empty(rows, out_features)
+    status = lib.kvserve_linear_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), out_features,
+                                    None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
+                                    torch.get_num_threads())
+    return None if status else out

@@ -26,11 +26,11 @@ def rotary_embedding_torch(positions: torch.Tensor, query: torch.Tensor, key: to
     rotate_torch(query, key, cos[:, None, :], sin[:, None, :], is_neox)
 
 
-def rotate_torch(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def rotate_torch(query: torch.Tensor, key: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                  is_neox: bool = True) -> None:
     """The rotation of `rotary_embedding_torch` with the angles already looked up: cos/sin [T, 1, rotary_dim / 2]."""
     rotary_dim = 2 * cos.shape[-1]
-    for x in (query, key):
+    for x in (query, key) if key is not None else (query,):
         rot = x[..., :rotary_dim]
         rot.copy_(_rotate(rot.float(), cos, sin, is_neox).to(x.dtype))
 

@@ -56,3 +56,25 @@ def test_unsupported_inputs_keep_the_torch_path():
     heads = torch.randn(4, 3, 64)
     assert torch.equal(ops.rms_norm(heads, torch.ones(64), 1e-6), rms_norm_torch(heads, torch.ones(64), 1e-6))
     assert torch.equal(ops.silu_and_mul(x16), silu_and_mul_torch(x16))
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rotary_dim", [64, 32])  # whole heads, and a partial rotary dimension
+def test_native_rotary_is_the_torch_rotation(is_neox, rotary_dim):
+    from kvserve.kernels.rotary import rotate_torch
+
+    gen = torch.Generator().manual_seed(rotary_dim + is_neox)
+    qkv = torch.randn(5, 9 * 64 + 2 * 3 * 64, generator=gen)
+    q = qkv[:, :9 * 64].view(5, 9, 64)  # strided rows, as the layer's split of the fused projection
+    angles = torch.randn(5, rotary_dim // 2, generator=gen)
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    expected = q.clone()
+    rotate_torch(expected, None, cos[:, None, :], sin[:, None, :], is_neox)
+    assert cpu_native.rotary(q, cos, sin, is_neox)
+    torch.testing.assert_close(q, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_native_rotary_declines_what_it_does_not_serve():
+    x, cs = torch.zeros(2, 3, 8, dtype=torch.float64), torch.zeros(2, 4)
+    assert not cpu_native.rotary(x, cs, cs, True)
+    assert not cpu_native.rotary(torch.zeros(2, 3, 8), torch.zeros(2, 5), torch.zeros(2, 5), True)  # 10 > 8

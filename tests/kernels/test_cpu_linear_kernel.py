@@ -1,0 +1,32 @@
+"""The native float32 linear kernel (kernels/cpu_linear.c) against F.linear."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.kernels import cpu_native
+
+pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
+                                reason="the native linear kernel does not run here (no compiler or no AVX-512)")
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 130])  # partial and several 16-row blocks, > 64 rows
+@pytest.mark.parametrize("out_features", [37, 96])  # a partial last tile, and whole tiles
+def test_native_linear_is_f_linear(rows, out_features):
+    gen = torch.Generator().manual_seed(rows * out_features)
+    w, b = torch.randn(out_features, 72, generator=gen), torch.randn(out_features, generator=gen)
+    wide = torch.randn(rows, 80, generator=gen)
+    x = wide[:, 4:76]  # rows 80 floats apart: the kernel honours the row stride
+    packed = cpu_native.pack_linear(w)
+    for bias in (None, b):
+        got = cpu_native.linear(x, packed, out_features, bias)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias), atol=1e-4, rtol=1e-5)
+
+
+def test_what_it_does_not_serve_is_declined():
+    assert cpu_native.pack_linear(torch.zeros(4, 4, dtype=torch.float64)) is None
+    packed = cpu_native.pack_linear(torch.zeros(4, 4))
+    assert cpu_native.linear(torch.zeros(2, 4, dtype=torch.float64), packed, 4, None) is None
+    assert cpu_native.linear(torch.zeros(4, 2).t(), packed, 4, None) is None  # columns not contiguous
+    with pytest.raises(ValueError):
+        cpu_native.linear(torch.zeros(2, 5), packed, 4, None)  # a width the weight was not packed for
