@@ -29,7 +29,8 @@ import torch
 
 log = logging.getLogger("kvserve.engine")
 
-_SOURCES = [Path(__file__).resolve().with_name(name) for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c")]
+_SOURCES = [Path(__file__).resolve().with_name(name)
+            for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
