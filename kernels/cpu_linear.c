@@ -24,35 +24,52 @@
 
 #define KVSERVE_LINEAR_TILE 16 /* output features per tile: one vector */
 #define KVSERVE_LINEAR_ROWS 16 /* rows per pass: 16 accumulators */
-#define KVSERVE_LINEAR_PREFETCH (512 * KVSERVE_LINEAR_TILE) /* floats ahead: 32 KB */
+#define KVSERVE_LINEAR_PREFETCH_BYTES (32 * 1024) /* how far ahead the weight is asked for */
 #define KVSERVE_LINEAR_GROUP 4 /* row blocks per sweep of the weight: 64 rows */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16]). */
-static inline __attribute__((always_inline)) void tile_pass(const int ROWS, const float *xb, const float *w,
-                                                            int64_t k_len, const float *bias, float *out,
-                                                            int64_t out_stride, __mmask16 lanes) {
+/* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16]), float32 or int8
+ * codes (I8; the tile's 16 output scales multiply the sums). */
+static inline __attribute__((always_inline)) void tile_pass(const int ROWS, const int I8, const float *xb,
+                                                            const void *w, int64_t k_len, const float *scales,
+                                                            const float *bias, float *out, int64_t out_stride,
+                                                            __mmask16 lanes) {
     __m512 acc[KVSERVE_LINEAR_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; k++) {
-        const float *wk = w + k * KVSERVE_LINEAR_TILE;
-        _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH), _MM_HINT_T0); /* never faults */
-        const __m512 wv = _mm512_loadu_ps(wk);
+        __m512 wv;
+        if (I8) {
+            const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
+            _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
+            wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wk)));
+        } else {
+            const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
+            _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
+            wv = _mm512_loadu_ps(wk);
+        }
         const float *xk = xb + k * KVSERVE_LINEAR_ROWS;
         for (int r = 0; r < ROWS; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r]), wv, acc[r]);
     }
+    const __m512 scale = I8 ? _mm512_maskz_loadu_ps(lanes, scales) : _mm512_set1_ps(1.0f);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(lanes, bias) : _mm512_setzero_ps();
-    for (int r = 0; r < ROWS; r++) _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_add_ps(acc[r], b));
+    for (int r = 0; r < ROWS; r++)
+        _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_fmadd_ps(acc[r], scale, b));
 }
 
 #define KVSERVE_TILE_CASE(n) \
-    case n: tile_pass(n, xb, w, k_len, bias, out, out_stride, lanes); break;
+    case n:                  \
+        if (i8)              \
+            tile_pass(n, 1, xb, w, k_len, scales, bias, out, out_stride, lanes); \
+        else                 \
+            tile_pass(n, 0, xb, w, k_len, scales, bias, out, out_stride, lanes); \
+        break;
 
-/* Row counts as compile-time constants, so that the accumulators stay in registers. */
-static void tile_rows(int rows, const float *xb, const float *w, int64_t k_len, const float *bias, float *out,
-                      int64_t out_stride, __mmask16 lanes) {
+/* Row counts (and the weight type) as compile-time constants, so that the accumulators stay in
+ * registers. */
+static void tile_rows(int rows, int i8, const float *xb, const void *w, int64_t k_len, const float *scales,
+                      const float *bias, float *out, int64_t out_stride, __mmask16 lanes) {
     switch (rows) {
         KVSERVE_TILE_CASE(1) KVSERVE_TILE_CASE(2) KVSERVE_TILE_CASE(3) KVSERVE_TILE_CASE(4)
         KVSERVE_TILE_CASE(5) KVSERVE_TILE_CASE(6) KVSERVE_TILE_CASE(7) KVSERVE_TILE_CASE(8)
@@ -60,6 +77,40 @@ static void tile_rows(int rows, const float *xb, const float *w, int64_t k_len, 
         KVSERVE_TILE_CASE(13) KVSERVE_TILE_CASE(14) KVSERVE_TILE_CASE(15) KVSERVE_TILE_CASE(16)
         default: break;
     }
+}
+
+static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int i8,
+                  const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
+                  int num_threads) {
+    const int64_t blocks = (m + KVSERVE_LINEAR_ROWS - 1) / KVSERVE_LINEAR_ROWS;
+    const int64_t block_len = k * KVSERVE_LINEAR_ROWS;
+    float *xb = malloc(sizeof(float) * (size_t)(blocks * block_len));
+    if (!xb) return 2;
+    for (int64_t row = 0; row < m; row++) {
+        float *dst = xb + (row / KVSERVE_LINEAR_ROWS) * block_len + row % KVSERVE_LINEAR_ROWS;
+        for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
+    }
+    const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
+    const size_t tile_bytes = (size_t)(k * KVSERVE_LINEAR_TILE) * (i8 ? sizeof(int8_t) : sizeof(float));
+#pragma omp parallel num_threads(num_threads)
+    for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
+        const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t col = t * KVSERVE_LINEAR_TILE;
+            const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
+            const __mmask16 lanes = (__mmask16)((1u << width) - 1u);
+            const void *w = (const char *)packed + (size_t)t * tile_bytes;
+            for (int64_t b = g0; b < g1; b++) {
+                const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
+                const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
+                tile_rows(rows, i8, xb + b * block_len, w, k, i8 ? scales + col : NULL, bias ? bias + col : NULL,
+                          out + r0 * out_stride + col, out_stride, lanes);
+            }
+        }
+    }
+    free(xb);
+    return 0;
 }
 #endif
 
@@ -77,42 +128,43 @@ void kvserve_pack_linear_f32(const float *weight, int64_t n, int64_t k, float *p
     }
 }
 
+/* int8 codes [n][k] -> packed [ceil(n/16)][k][16], zero past n. */
+void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *packed) {
+    const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        int8_t *dst = packed + t * k * KVSERVE_LINEAR_TILE;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int j = 0; j < KVSERVE_LINEAR_TILE; j++) {
+                const int64_t row = t * KVSERVE_LINEAR_TILE + j;
+                dst[kk * KVSERVE_LINEAR_TILE + j] = row < n ? weight[row * k + kk] : 0;
+            }
+    }
+}
+
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the packed weight, plus
  * bias [n] when given. Returns nonzero when this build cannot run it (no AVX-512, or no memory). */
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads) {
 #if defined(__AVX512F__)
-    const int64_t blocks = (m + KVSERVE_LINEAR_ROWS - 1) / KVSERVE_LINEAR_ROWS;
-    const int64_t block_len = k * KVSERVE_LINEAR_ROWS;
-    float *xb = malloc(sizeof(float) * (size_t)(blocks * block_len));
-    if (!xb) return 2;
-    for (int64_t row = 0; row < m; row++) {
-        float *dst = xb + (row / KVSERVE_LINEAR_ROWS) * block_len + row % KVSERVE_LINEAR_ROWS;
-        for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
-    }
-    const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-#pragma omp parallel num_threads(num_threads)
-    for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
-        const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t col = t * KVSERVE_LINEAR_TILE;
-            const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
-            const __mmask16 lanes = (__mmask16)((1u << width) - 1u);
-            const float *w = packed + t * k * KVSERVE_LINEAR_TILE;
-            for (int64_t b = g0; b < g1; b++) {
-                const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
-                const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
-                tile_rows(rows, xb + b * block_len, w, k, bias ? bias + col : NULL, out + r0 * out_stride + col,
-                          out_stride, lanes);
-            }
-        }
-    }
-    free(xb);
-    return 0;
+    return linear(x, x_stride, m, k, packed, 0, NULL, n, bias, out, out_stride, num_threads);
 #else
     (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)n; (void)bias; (void)out; (void)out_stride;
     (void)num_threads;
+    return 1;
+#endif
+}
+
+/* The same over packed int8 codes with one float32 scale per output: out = (x codes^T) * scale + bias.
+ * Activations stay float32 (torch's int8 kernel needs them in bfloat16 to be fast). */
+int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
+                          const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
+                          int num_threads) {
+#if defined(__AVX512F__)
+    return linear(x, x_stride, m, k, packed, 1, scales, n, bias, out, out_stride, num_threads);
+#else
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)scales; (void)n; (void)bias; (void)out;
+    (void)out_stride; (void)num_threads;
     return 1;
 #endif
 }

@@ -11,7 +11,7 @@ callers keep their torch path.
 - cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
   rotary embedding in one pass each;
 - cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
-- cpu_linear.c: float32 linear layers over weights packed once, for decode-sized row counts.
+- cpu_linear.c: linear layers over float32 weights or int8 codes packed once.
 """
 from __future__ import annotations
 
@@ -100,6 +100,10 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_pack_linear_f32.restype = None
     lib.kvserve_linear_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_linear_f32.restype = ctypes.c_int
+    lib.kvserve_pack_linear_i8.argtypes = [p, i64, i64, p]
+    lib.kvserve_pack_linear_i8.restype = None
+    lib.kvserve_linear_i8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_i8_f32.restype = ctypes.c_int
     return lib
 
 
@@ -235,29 +239,40 @@ def _linear_runs() -> bool:
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
-    """A float32 [N, K] weight in `linear`'s tiled layout, or None where the kernel does not run."""
-    if not _linear_runs() or weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+    """A float32 [N, K] weight (or int8 codes) in `linear`'s tiled layout, or None where the kernel
+    does not run."""
+    if (not _linear_runs() or weight.dtype not in (torch.float32, torch.int8) or weight.dim() != 2
+            or weight.device.type != "cpu"):
         return None
     n, k = weight.shape
     weight = weight.detach().contiguous()
-    packed = torch.empty((n + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k)
-    _library().kvserve_pack_linear_f32(weight.data_ptr(), n, k, packed.data_ptr())
+    packed = torch.empty((n + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k, dtype=weight.dtype)
+    pack = _library().kvserve_pack_linear_f32 if weight.dtype == torch.float32 else _library().kvserve_pack_linear_i8
+    pack(weight.data_ptr(), n, k, packed.data_ptr())
     return packed
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x [M, K] (float32 rows, unit column stride) times a `pack_linear` weight, plus bias; None if
-    the kernel declines (the caller's other path runs)."""
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+           scales: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a `pack_linear` weight, plus bias; int8 codes
+    take float32 `scales` [N], one per output. None if the kernel declines (the caller's other path
+    runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None
     rows, k = x.shape
-    if packed.numel() != (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k or (
-            bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
-                                  or bias.numel() != out_features)):
-        raise ValueError("native linear: the input width, packed weight and bias do not agree")  # it trusts them
+    vectors = [v for v in (bias, scales) if v is not None]
+    if (packed.numel() != (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE * _LINEAR_TILE * k
+            or (scales is None) != (packed.dtype == torch.float32)
+            or any(v.dtype != torch.float32 or not v.is_contiguous() or v.numel() != out_features for v in vectors)):
+        raise ValueError("native linear: the input width, packed weight, scales and bias do not agree")
     out = torch.empty(rows, out_features)
-    status = lib.kvserve_linear_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), out_features,
-                                    None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
-                                    torch.get_num_threads())
+    bias_ptr = None if bias is None else bias.data_ptr()
+    if scales is None:
+        status = lib.kvserve_linear_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), out_features,
+                                        bias_ptr, out.data_ptr(), out_features, torch.get_num_threads())
+    else:
+        status = lib.kvserve_linear_i8_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), scales.data_ptr(),
+                                           out_features, bias_ptr, out.data_ptr(), out_features,
+                                           torch.get_num_threads())
     return None if status else out

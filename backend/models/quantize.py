@@ -6,12 +6,15 @@ bytes and int4 an eighth. Applied after loading, whatever the loader (the
 linear layers and the logits projection are replaced; the embedding table
 stays as loaded, since a step reads only the rows of its tokens).
 
-- int8: symmetric, one scale per output channel; `aten._weight_int8pack_mm`.
+- int8: symmetric, one scale per output channel. On the CPU with AVX-512 the
+  native kernel of kernels/cpu_linear.c runs it on float32 activations (1.3x
+  torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/linear_ab.py
+  --int8); elsewhere `aten._weight_int8pack_mm`.
 - int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
   size), the tinygemm convention w = (q - 8) * scale + zero;
   `aten._weight_int4pack_mm_for_cpu`.
 
-Both kernels are fast only with bfloat16 activations (with float32 ones torch
+Torch's kernels are fast only with bfloat16 activations (with float32 ones torch
 falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
 to bfloat16 at each quantized layer and the result cast back: that rounding is
 part of the modes' accuracy cost (loadtests/studies/quant_accuracy.py measures it).
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from kvserve.kernels import cpu_native
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32
@@ -37,11 +42,18 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.out_features, self.in_features = weight.shape
+        # The native kernel's copy of the codes (None without it) and its float32 scales (the same values).
+        self.native = cpu_native.pack_linear(self.weight)
+        self.native_scales = scale.float().contiguous()
 
     def dequantized(self) -> torch.Tensor:
         return self.weight.float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.dim() == 2 and x.dtype == torch.float32:
+            y = cpu_native.linear(x, self.native, self.out_features, self.bias, self.native_scales)
+            if y is not None:
+                return y
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.weight,
                                                self.scales)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -1,13 +1,15 @@
 """A/B of the CPU linear layers: oneDNN's packed linear against kernels/cpu_linear.c, alternated.
 
-    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2
+    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8]
 
 Times one decode step's worth of projections (every layer's qkv, o, gate/up and
 down, then the logits projection) with random weights of the given shapes
 (SmolLM2-135M's by default), each layer's weights its own tensors: as in the
 engine, the weights come from memory, not from the cache. Each round runs
 oneDNN then the native kernel at every row count; prints ms per step and their
-ratio. One-off measurement, not installed.
+ratio. With --int8 the weights are `--quantization int8`'s codes and the baseline
+is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
+without the native kernel). One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 
 import torch
 
+from kvserve.backend.models.quantize import Int8Linear
 from kvserve.kernels import cpu_native
 
 
@@ -36,38 +39,50 @@ def main() -> None:
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--qkv-out", type=int, default=960)
     p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument("--int8", action="store_true", help="int8 codes: torch's int8 kernel against the native one")
     args = p.parse_args()
     if cpu_native.pack_linear(torch.zeros(1, 1)) is None:
         raise SystemExit("the native linear kernel does not run here (no C compiler or no AVX-512)")
     shapes, weights = _weights(args.layers, args.hidden, args.intermediate, args.qkv_out, args.vocab)
-    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
-    native = [[cpu_native.pack_linear(w) for w in layer] for layer in weights]
     outs = [[w.shape[0] for w in layer] for layer in weights]
+    if args.int8:
+        quantized = [[Int8Linear(w, None) for w in layer] for layer in weights]
+        for layer in quantized:
+            for q in layer:
+                q.native = None  # the module's own forward is then torch's kernel
+        baseline = [[q.forward for q in layer] for layer in quantized]
+        native = [[(cpu_native.pack_linear(q.weight), q.native_scales) for q in layer] for layer in quantized]
+    else:
+        packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
+        baseline = [[(lambda x, d=d: torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")) for d in layer]
+                    for layer in packed]
+        native = [[(cpu_native.pack_linear(w), None) for w in layer] for layer in weights]
 
     def step(kind: str, xs: list[torch.Tensor]) -> None:
-        for layer, (d_layer, n_layer, out_layer) in enumerate(zip(onednn, native, outs)):
+        for layer, (b_layer, n_layer, out_layer) in enumerate(zip(baseline, native, outs)):
             inputs = xs if layer < args.layers else xs[:1]
-            for x, d, n, out in zip(inputs, d_layer, n_layer, out_layer):
-                if kind == "onednn":
-                    torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")
+            for x, base, (codes, scales), out in zip(inputs, b_layer, n_layer, out_layer):
+                if kind == "baseline":
+                    base(x)
                 else:
-                    cpu_native.linear(x, n, out, None)
+                    cpu_native.linear(x, codes, out, None, scales)
 
     results: dict[int, dict[str, list[float]]] = {}
     for _ in range(args.rounds):
         for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k) for _, k in shapes]
             reps = 10 if rows <= 64 else 3
-            for kind in ("onednn", "native"):
+            for kind in ("baseline", "native"):
                 step(kind, xs)
                 started = time.perf_counter()
                 for _ in range(reps):
                     step(kind, xs)
                 results.setdefault(rows, {}).setdefault(kind, []).append((time.perf_counter() - started) / reps * 1e3)
+    name = "torch int8" if args.int8 else "oneDNN"
     print(f"threads {torch.get_num_threads()}; ms per step of projections (median of {args.rounds} rounds)")
     for rows, r in results.items():
-        a, b = statistics.median(r["onednn"]), statistics.median(r["native"])
-        print(f"rows {rows:5d}  oneDNN {a:8.1f}  native {b:8.1f}  oneDNN/native {a / b:5.2f}")
+        a, b = statistics.median(r["baseline"]), statistics.median(r["native"])
+        print(f"rows {rows:5d}  {name} {a:8.1f}  native {b:8.1f}  {name}/native {a / b:5.2f}")
 
 
 if __name__ == "__main__":

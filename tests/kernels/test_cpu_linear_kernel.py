@@ -30,3 +30,17 @@ def test_what_it_does_not_serve_is_declined():
     assert cpu_native.linear(torch.zeros(4, 2).t(), packed, 4, None) is None  # columns not contiguous
     with pytest.raises(ValueError):
         cpu_native.linear(torch.zeros(2, 5), packed, 4, None)  # a width the weight was not packed for
+
+
+@pytest.mark.parametrize("rows", [1, 16, 70])
+def test_native_int8_linear_is_the_matmul_of_its_dequantized_codes(rows):
+    gen = torch.Generator().manual_seed(rows)
+    codes = torch.randint(-127, 128, (37, 48), generator=gen, dtype=torch.int8)
+    scales, b = torch.rand(37, generator=gen) / 100, torch.randn(37, generator=gen)
+    x = torch.randn(rows, 48, generator=gen)
+    packed = cpu_native.pack_linear(codes)
+    assert packed is not None and packed.dtype == torch.int8
+    expected = x.double() @ (codes.double() * scales.double()[:, None]).t() + b.double()
+    torch.testing.assert_close(cpu_native.linear(x, packed, 37, b, scales).double(), expected, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError):
+        cpu_native.linear(x, packed, 37, b)  # int8 codes without their scales
