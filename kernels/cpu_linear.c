@@ -1,24 +1,28 @@
-/* float32 y = x W^T + b over a weight packed once at load: the CPU path's linear layers.
+/* y = x W^T + b over a weight packed once at load: the CPU path's linear layers, with float32
+ * activations and a float32, int8 or int4 weight.
  *
  * At the few rows of a decode step a linear layer is a stream of its weight, each value used
- * once per row. oneDNN (backend/models/cpu_linear.py's other path) read the weights at ~27 GB/s
+ * once per row. oneDNN (backend/models/cpu_linear.py's other path) read float32 weights at ~27 GB/s
  * on 16 rows here, where the machine streams ~41 GB/s. This kernel walks the weight once, in the
  * order it lies in memory:
  *
  * - the weight is packed as tiles of 16 output features, [N/16][K][16] (zero past N), so one
- *   64-byte load is one k for 16 outputs;
+ *   load is one k for 16 outputs (64 bytes of float32, 16 of int8, 8 of int4);
  * - the rows of x are copied per call into blocks of 16 rows, [M/16][K][16], so the 16 values of
  *   one k share a cache line and each reaches its FMA as a broadcast;
  * - a tile's 16 outputs for 16 rows accumulate in 16 of the 32 vector registers; further row
  *   blocks take further passes over the tile while it is still in L1/L2;
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
- *   stay in L2 across tiles: one sweep over all rows ran 1.2x slower than oneDNN at 1,024 rows,
- *   64-row sweeps at about its speed;
+ *   stay in L2 across tiles (oneDNN is still 1.2x faster at 1,024 float32 rows, so float32
+ *   prefill keeps it; torch's int8 and int4 kernels are slower than this one at every size);
  * - the weight is prefetched 32 KB ahead: with the hardware prefetcher alone the loop waited on
- *   memory, and 16-row steps ran no faster than oneDNN's.
+ *   memory, and 16-row steps ran no faster than oneDNN's;
+ * - int8 codes are widened to float32 in registers and the sums scaled per output; int4 codes
+ *   become (q - 8) * scale + zero with one scale and zero per output and group of 32 inputs (the
+ *   tinygemm convention of backend/models/quantize.py).
  *
- * Threads split the tiles. Without AVX-512 the entry point returns nonzero and the caller keeps
- * oneDNN. */
+ * Threads split the tiles. Without AVX-512 the entry points return nonzero and the callers keep
+ * oneDNN or torch's kernels. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -26,23 +30,43 @@
 #define KVSERVE_LINEAR_ROWS 16 /* rows per pass: 16 accumulators */
 #define KVSERVE_LINEAR_PREFETCH_BYTES (32 * 1024) /* how far ahead the weight is asked for */
 #define KVSERVE_LINEAR_GROUP 4 /* row blocks per sweep of the weight: 64 rows */
+#define KVSERVE_LINEAR_I4_GROUP 32 /* inputs per int4 scale and zero (GGUF's Q4 block size) */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16]), float32 or int8
- * codes (I8; the tile's 16 output scales multiply the sums). */
-static inline __attribute__((always_inline)) void tile_pass(const int ROWS, const int I8, const float *xb,
+/* Weight formats (compile-time in each pass): float32; int8 codes with one scale per output;
+ * int4 codes, two per byte, with a scale and a zero per output and group of 32 inputs. */
+enum { W_F32 = 0, W_I8 = 1, W_I4 = 2 };
+
+/* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16] values). For int8 the
+ * tile's 16 output scales multiply the sums; int4 values are (q - 8) * scale + zero, per group. */
+static inline __attribute__((always_inline)) void tile_pass(const int ROWS, const int WT, const float *xb,
                                                             const void *w, int64_t k_len, const float *scales,
-                                                            const float *bias, float *out, int64_t out_stride,
-                                                            __mmask16 lanes) {
+                                                            const float *zeros, const float *bias, float *out,
+                                                            int64_t out_stride, __mmask16 lanes) {
     __m512 acc[KVSERVE_LINEAR_ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    __m512 group_scale = _mm512_setzero_ps(), group_zero = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; k++) {
         __m512 wv;
-        if (I8) {
-            const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
+        if (WT == W_I4) {
+            if ((k & (KVSERVE_LINEAR_I4_GROUP - 1)) == 0) {
+                const int64_t g = k / KVSERVE_LINEAR_I4_GROUP;
+                group_scale = _mm512_loadu_ps(scales + g * KVSERVE_LINEAR_TILE);
+                group_zero = _mm512_loadu_ps(zeros + g * KVSERVE_LINEAR_TILE);
+            }
+            const uint8_t *wk = (const uint8_t *)w + k * (KVSERVE_LINEAR_TILE / 2);
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
+            const __m128i bytes = _mm_loadl_epi64((const __m128i *)wk);
+            const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+            const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+            const __m128i codes = _mm_unpacklo_epi8(low, high); /* byte j: outputs 2j (low), 2j + 1 (high) */
+            const __m512 q = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), _mm512_set1_ps(8.0f));
+            wv = _mm512_fmadd_ps(q, group_scale, group_zero); /* (q - 8) * scale exact, one rounding */
+        } else if (WT == W_I8) {
+            const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
+            _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
             wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wk)));
         } else {
             const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
@@ -52,24 +76,26 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
         const float *xk = xb + k * KVSERVE_LINEAR_ROWS;
         for (int r = 0; r < ROWS; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r]), wv, acc[r]);
     }
-    const __m512 scale = I8 ? _mm512_maskz_loadu_ps(lanes, scales) : _mm512_set1_ps(1.0f);
+    const __m512 scale = WT == W_I8 ? _mm512_maskz_loadu_ps(lanes, scales) : _mm512_set1_ps(1.0f);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(lanes, bias) : _mm512_setzero_ps();
     for (int r = 0; r < ROWS; r++)
         _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_fmadd_ps(acc[r], scale, b));
 }
 
-#define KVSERVE_TILE_CASE(n) \
-    case n:                  \
-        if (i8)              \
-            tile_pass(n, 1, xb, w, k_len, scales, bias, out, out_stride, lanes); \
-        else                 \
-            tile_pass(n, 0, xb, w, k_len, scales, bias, out, out_stride, lanes); \
+#define KVSERVE_TILE_CASE(n)                                                                 \
+    case n:                                                                                  \
+        if (wt == W_I4)                                                                      \
+            tile_pass(n, W_I4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+        else if (wt == W_I8)                                                                 \
+            tile_pass(n, W_I8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+        else                                                                                 \
+            tile_pass(n, W_F32, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);  \
         break;
 
-/* Row counts (and the weight type) as compile-time constants, so that the accumulators stay in
+/* Row counts (and the weight format) as compile-time constants, so that the accumulators stay in
  * registers. */
-static void tile_rows(int rows, int i8, const float *xb, const void *w, int64_t k_len, const float *scales,
-                      const float *bias, float *out, int64_t out_stride, __mmask16 lanes) {
+static void tile_rows(int rows, int wt, const float *xb, const void *w, int64_t k_len, const float *scales,
+                      const float *zeros, const float *bias, float *out, int64_t out_stride, __mmask16 lanes) {
     switch (rows) {
         KVSERVE_TILE_CASE(1) KVSERVE_TILE_CASE(2) KVSERVE_TILE_CASE(3) KVSERVE_TILE_CASE(4)
         KVSERVE_TILE_CASE(5) KVSERVE_TILE_CASE(6) KVSERVE_TILE_CASE(7) KVSERVE_TILE_CASE(8)
@@ -79,9 +105,9 @@ static void tile_rows(int rows, int i8, const float *xb, const void *w, int64_t 
     }
 }
 
-static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int i8,
-                  const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
-                  int num_threads) {
+static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int wt,
+                  const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
+                  int64_t out_stride, int num_threads) {
     const int64_t blocks = (m + KVSERVE_LINEAR_ROWS - 1) / KVSERVE_LINEAR_ROWS;
     const int64_t block_len = k * KVSERVE_LINEAR_ROWS;
     float *xb = malloc(sizeof(float) * (size_t)(blocks * block_len));
@@ -91,7 +117,10 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
         for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
     }
     const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-    const size_t tile_bytes = (size_t)(k * KVSERVE_LINEAR_TILE) * (i8 ? sizeof(int8_t) : sizeof(float));
+    const size_t tile_bytes = wt == W_I4   ? (size_t)(k * KVSERVE_LINEAR_TILE / 2)
+                              : wt == W_I8 ? (size_t)(k * KVSERVE_LINEAR_TILE)
+                                           : (size_t)(k * KVSERVE_LINEAR_TILE) * sizeof(float);
+    const int64_t group_len = k / KVSERVE_LINEAR_I4_GROUP * KVSERVE_LINEAR_TILE; /* a tile's int4 scales */
 #pragma omp parallel num_threads(num_threads)
     for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
         const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
@@ -104,7 +133,9 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
             for (int64_t b = g0; b < g1; b++) {
                 const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
                 const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
-                tile_rows(rows, i8, xb + b * block_len, w, k, i8 ? scales + col : NULL, bias ? bias + col : NULL,
+                const float *tile_scales = wt == W_I8 ? scales + col : wt == W_I4 ? scales + t * group_len : NULL;
+                const float *tile_zeros = wt == W_I4 ? zeros + t * group_len : NULL;
+                tile_rows(rows, wt, xb + b * block_len, w, k, tile_scales, tile_zeros, bias ? bias + col : NULL,
                           out + r0 * out_stride + col, out_stride, lanes);
             }
         }
@@ -147,7 +178,7 @@ void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads) {
 #if defined(__AVX512F__)
-    return linear(x, x_stride, m, k, packed, 0, NULL, n, bias, out, out_stride, num_threads);
+    return linear(x, x_stride, m, k, packed, W_F32, NULL, NULL, n, bias, out, out_stride, num_threads);
 #else
     (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)n; (void)bias; (void)out; (void)out_stride;
     (void)num_threads;
@@ -161,10 +192,51 @@ int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k
                           const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
                           int num_threads) {
 #if defined(__AVX512F__)
-    return linear(x, x_stride, m, k, packed, 1, scales, n, bias, out, out_stride, num_threads);
+    return linear(x, x_stride, m, k, packed, W_I8, scales, NULL, n, bias, out, out_stride, num_threads);
 #else
     (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)scales; (void)n; (void)bias; (void)out;
     (void)out_stride; (void)num_threads;
+    return 1;
+#endif
+}
+
+/* int4 codes q [n][k] (0..15, int32) with scale and zero [n][k/32] -> packed [ceil(n/16)][k][8 bytes]
+ * (byte j of a k: outputs 2j in the low nibble, 2j + 1 in the high one) and tile-major scales and
+ * zeros [ceil(n/16)][k/32][16]; zero past n (those outputs compute 0 and are never stored). */
+void kvserve_pack_linear_i4(const int32_t *codes, const float *scale, const float *zero, int64_t n, int64_t k,
+                            uint8_t *packed, float *packed_scales, float *packed_zeros) {
+    const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
+    const int64_t groups = k / KVSERVE_LINEAR_I4_GROUP;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        uint8_t *dst = packed + t * k * (KVSERVE_LINEAR_TILE / 2);
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int j = 0; j < KVSERVE_LINEAR_TILE; j += 2) {
+                const int64_t row = t * KVSERVE_LINEAR_TILE + j;
+                const int lo = row < n ? codes[row * k + kk] & 0x0F : 0;
+                const int hi = row + 1 < n ? codes[(row + 1) * k + kk] & 0x0F : 0;
+                dst[kk * (KVSERVE_LINEAR_TILE / 2) + j / 2] = (uint8_t)(lo | (hi << 4));
+            }
+        for (int64_t g = 0; g < groups; g++)
+            for (int j = 0; j < KVSERVE_LINEAR_TILE; j++) {
+                const int64_t row = t * KVSERVE_LINEAR_TILE + j;
+                const int64_t at = (t * groups + g) * KVSERVE_LINEAR_TILE + j;
+                packed_scales[at] = row < n ? scale[row * groups + g] : 0.0f;
+                packed_zeros[at] = row < n ? zero[row * groups + g] : 0.0f;
+            }
+    }
+}
+
+/* The same over packed int4 codes (k a multiple of 32). Activations stay float32. */
+int kvserve_linear_i4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
+                          const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
+                          int64_t out_stride, int num_threads) {
+#if defined(__AVX512F__)
+    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
+    return linear(x, x_stride, m, k, packed, W_I4, scales, zeros, n, bias, out, out_stride, num_threads);
+#else
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)scales; (void)zeros; (void)n; (void)bias;
+    (void)out; (void)out_stride; (void)num_threads;
     return 1;
 #endif
 }

@@ -11,7 +11,7 @@ callers keep their torch path.
 - cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
   rotary embedding in one pass each;
 - cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
-- cpu_linear.c: linear layers over float32 weights or int8 codes packed once.
+- cpu_linear.c: linear layers over float32 weights or int8/int4 codes packed once.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -104,6 +105,10 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_pack_linear_i8.restype = None
     lib.kvserve_linear_i8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_linear_i8_f32.restype = ctypes.c_int
+    lib.kvserve_pack_linear_i4.argtypes = [p, p, p, i64, i64, p, p, p]
+    lib.kvserve_pack_linear_i4.restype = None
+    lib.kvserve_linear_i4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_i4_f32.restype = ctypes.c_int
     return lib
 
 
@@ -226,6 +231,7 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | 
 
 
 _LINEAR_TILE = 16  # cpu_linear.c's KVSERVE_LINEAR_TILE
+INT4_GROUP = 32  # cpu_linear.c's KVSERVE_LINEAR_I4_GROUP
 
 
 @functools.cache
@@ -250,6 +256,52 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
     pack = _library().kvserve_pack_linear_f32 if weight.dtype == torch.float32 else _library().kvserve_pack_linear_i8
     pack(weight.data_ptr(), n, k, packed.data_ptr())
     return packed
+
+
+class Int4Weight(NamedTuple):
+    """`pack_linear_i4`'s result: the codes two per byte and the tile-major scales and zeros."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+
+def pack_linear_i4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Weight | None:
+    """int4 codes [N, K] (0..15) with one scale and zero per output and group of 32 inputs
+    ([N, K / 32] each, w = (q - 8) * scale + zero) in `linear_i4`'s layout; None where the kernel
+    does not run or K is not a multiple of 32."""
+    if not _linear_runs() or codes.dim() != 2 or codes.shape[1] % INT4_GROUP or codes.device.type != "cpu":
+        return None
+    n, k = codes.shape
+    tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
+    codes = codes.detach().to(torch.int32).contiguous()
+    scale, zero = (v.detach().float().reshape(n, k // INT4_GROUP).contiguous() for v in (scale, zero))
+    groups = tiles * (k // INT4_GROUP) * _LINEAR_TILE
+    out = Int4Weight(torch.empty(tiles * _LINEAR_TILE * k // 2, dtype=torch.uint8), torch.empty(groups),
+                     torch.empty(groups))
+    _library().kvserve_pack_linear_i4(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), n, k, out.codes.data_ptr(),
+                                      out.scales.data_ptr(), out.zeros.data_ptr())
+    return out
+
+
+def linear_i4(x: torch.Tensor, weight: Int4Weight, out_features: int, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a `pack_linear_i4` weight, plus bias; None if
+    the kernel declines."""
+    lib = _library()
+    if lib is None or not _rows_ok(x):
+        return None
+    rows, k = x.shape
+    tiles = (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE
+    if (k % INT4_GROUP or weight.codes.numel() != tiles * _LINEAR_TILE * k // 2
+            or weight.scales.numel() != tiles * (k // INT4_GROUP) * _LINEAR_TILE
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
+                                      or bias.numel() != out_features))):
+        raise ValueError("native int4 linear: the input width, packed weight and bias do not agree")
+    out = torch.empty(rows, out_features)
+    status = lib.kvserve_linear_i4_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
+                                       weight.scales.data_ptr(), weight.zeros.data_ptr(), out_features,
+                                       None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
+                                       torch.get_num_threads())
+    return None if status else out
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,

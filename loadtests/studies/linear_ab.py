@@ -1,6 +1,6 @@
 """A/B of the CPU linear layers: oneDNN's packed linear against kernels/cpu_linear.c, alternated.
 
-    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8]
+    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8 | --int4]
 
 Times one decode step's worth of projections (every layer's qkv, o, gate/up and
 down, then the logits projection) with random weights of the given shapes
@@ -9,7 +9,7 @@ engine, the weights come from memory, not from the cache. Each round runs
 oneDNN then the native kernel at every row count; prints ms per step and their
 ratio. With --int8 the weights are `--quantization int8`'s codes and the baseline
 is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
-without the native kernel). One-off measurement, not installed.
+without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from kvserve.backend.models.quantize import Int8Linear
+from kvserve.backend.models.quantize import Int4Linear, Int8Linear
 from kvserve.kernels import cpu_native
 
 
@@ -40,18 +40,24 @@ def main() -> None:
     p.add_argument("--qkv-out", type=int, default=960)
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--int8", action="store_true", help="int8 codes: torch's int8 kernel against the native one")
+    p.add_argument("--int4", action="store_true", help="int4 codes: torch's int4 kernel against the native one")
     args = p.parse_args()
     if cpu_native.pack_linear(torch.zeros(1, 1)) is None:
         raise SystemExit("the native linear kernel does not run here (no C compiler or no AVX-512)")
     shapes, weights = _weights(args.layers, args.hidden, args.intermediate, args.qkv_out, args.vocab)
     outs = [[w.shape[0] for w in layer] for layer in weights]
-    if args.int8:
-        quantized = [[Int8Linear(w, None) for w in layer] for layer in weights]
+    if args.int8 or args.int4:
+        quantized = [[(Int8Linear if args.int8 else Int4Linear)(w, None) for w in layer] for layer in weights]
+        native = [[q.native for q in layer] for layer in quantized]
         for layer in quantized:
             for q in layer:
                 q.native = None  # the module's own forward is then torch's kernel
         baseline = [[q.forward for q in layer] for layer in quantized]
-        native = [[(cpu_native.pack_linear(q.weight), q.native_scales) for q in layer] for layer in quantized]
+        if args.int8:
+            native = [[(codes, q.native_scales) for codes, q in zip(n_layer, q_layer)]
+                      for n_layer, q_layer in zip(native, quantized)]
+        else:
+            native = [[(w, "int4") for w in layer] for layer in native]
     else:
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
         baseline = [[(lambda x, d=d: torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")) for d in layer]
@@ -64,6 +70,8 @@ def main() -> None:
             for x, base, (codes, scales), out in zip(inputs, b_layer, n_layer, out_layer):
                 if kind == "baseline":
                     base(x)
+                elif isinstance(scales, str):
+                    cpu_native.linear_i4(x, codes, out, None)
                 else:
                     cpu_native.linear(x, codes, out, None, scales)
 
@@ -78,7 +86,7 @@ def main() -> None:
                 for _ in range(reps):
                     step(kind, xs)
                 results.setdefault(rows, {}).setdefault(kind, []).append((time.perf_counter() - started) / reps * 1e3)
-    name = "torch int8" if args.int8 else "oneDNN"
+    name = "torch int8" if args.int8 else "torch int4" if args.int4 else "oneDNN"
     print(f"threads {torch.get_num_threads()}; ms per step of projections (median of {args.rounds} rounds)")
     for rows, r in results.items():
         a, b = statistics.median(r["baseline"]), statistics.median(r["native"])

@@ -44,3 +44,20 @@ def test_native_int8_linear_is_the_matmul_of_its_dequantized_codes(rows):
     torch.testing.assert_close(cpu_native.linear(x, packed, 37, b, scales).double(), expected, atol=1e-4, rtol=1e-5)
     with pytest.raises(ValueError):
         cpu_native.linear(x, packed, 37, b)  # int8 codes without their scales
+
+
+@pytest.mark.parametrize("rows", [1, 16, 70])
+def test_native_int4_linear_is_the_matmul_of_its_dequantized_codes(rows):
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 37, 64  # a partial last tile, two groups of 32 inputs
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+    scale, zero, b = torch.rand(n, 2, generator=gen) / 10, torch.randn(n, 2, generator=gen) / 10, torch.randn(n)
+    packed = cpu_native.pack_linear_i4(codes, scale, zero)
+    assert packed is not None
+    weight = (codes.double() - 8).view(n, 2, 32) * scale.double()[..., None] + zero.double()[..., None]
+    x = torch.randn(rows, k, generator=gen)
+    expected = x.double() @ weight.view(n, k).t() + b.double()
+    torch.testing.assert_close(cpu_native.linear_i4(x, packed, n, b).double(), expected, atol=1e-4, rtol=1e-5)
+    assert cpu_native.pack_linear_i4(codes[:, :48], scale, zero) is None  # inputs not a multiple of 32
+    with pytest.raises(ValueError):
+        cpu_native.linear_i4(torch.randn(rows, 96), packed, n, b)  # a width the weight was not packed for
