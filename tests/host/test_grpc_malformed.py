@@ -305,9 +305,11 @@ def test_fuzz_model_infer_never_unknown_or_internal(basic_host):
             assert err.code() in _ALLOWED, (err.code(), err.details(), request)
             assert len(err.details()) < 4096
 
-    with channel, LiveProbe(basic_host.grpc_url) as live:
-        one()
-    assert live.calls > 0 and live.worst < LIVE_BUDGET_S, live.worst
+    # The examples are derandomized, so a rerun replays the same requests: a stall they cause
+    # repeats, a scheduler hiccup of a busy machine does not (one took 0.149 s in a CI run).
+    with channel:
+        worst = _worst_live_latency(basic_host.grpc_url, one)
+    assert worst < LIVE_BUDGET_S, worst
 
 
 _sampling = st.one_of(
