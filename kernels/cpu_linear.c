@@ -25,6 +25,7 @@
  * oneDNN or torch's kernels. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define KVSERVE_LINEAR_TILE 16 /* output features per tile: one vector */
 #define KVSERVE_LINEAR_ROWS 16 /* rows per pass: 16 accumulators */
@@ -32,12 +33,12 @@
 #define KVSERVE_LINEAR_GROUP 4 /* row blocks per sweep of the weight: 64 rows */
 #define KVSERVE_LINEAR_I4_GROUP 32 /* inputs per int4 scale and zero (GGUF's Q4 block size) */
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
 /* Weight formats (compile-time in each pass): float32; int8 codes with one scale per output;
  * int4 codes, two per byte, with a scale and a zero per output and group of 32 inputs. */
 enum { W_F32 = 0, W_I8 = 1, W_I4 = 2 };
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
 
 /* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16] values). For int8 the
  * tile's 16 output scales multiply the sums; int4 values are (q - 8) * scale + zero, per group. */
@@ -105,9 +106,13 @@ static void tile_rows(int rows, int wt, const float *xb, const void *w, int64_t 
     }
 }
 
+#endif
+
+/* The entry points' common body: nonzero when this build cannot run it (no AVX-512, or no memory). */
 static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int wt,
                   const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
                   int64_t out_stride, int num_threads) {
+#if defined(__AVX512F__)
     const int64_t blocks = (m + KVSERVE_LINEAR_ROWS - 1) / KVSERVE_LINEAR_ROWS;
     const int64_t block_len = k * KVSERVE_LINEAR_ROWS;
     float *xb = malloc(sizeof(float) * (size_t)(blocks * block_len));
@@ -142,48 +147,45 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
     }
     free(xb);
     return 0;
-}
+#else
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)wt; (void)scales; (void)zeros; (void)n;
+    (void)bias; (void)out; (void)out_stride; (void)num_threads;
+    return 1;
 #endif
-
-/* weight [n][k] -> packed [ceil(n/16)][k][16], zero past n. */
-void kvserve_pack_linear_f32(const float *weight, int64_t n, int64_t k, float *packed) {
-    const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; t++) {
-        float *dst = packed + t * k * KVSERVE_LINEAR_TILE;
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int j = 0; j < KVSERVE_LINEAR_TILE; j++) {
-                const int64_t row = t * KVSERVE_LINEAR_TILE + j;
-                dst[kk * KVSERVE_LINEAR_TILE + j] = row < n ? weight[row * k + kk] : 0.0f;
-            }
-    }
 }
 
-/* int8 codes [n][k] -> packed [ceil(n/16)][k][16], zero past n. */
-void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *packed) {
+/* weight [n][k] of `elem`-byte values -> packed [ceil(n/16)][k][16], zero past n. Inlined into each
+ * caller, so that every copy is of a constant size. */
+static inline __attribute__((always_inline)) void pack_tiles(const char *weight, size_t elem, int64_t n, int64_t k,
+                                                             char *packed) {
     const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < tiles; t++) {
-        int8_t *dst = packed + t * k * KVSERVE_LINEAR_TILE;
+    for (int64_t t = 0; t < tiles; t++)
         for (int64_t kk = 0; kk < k; kk++)
             for (int j = 0; j < KVSERVE_LINEAR_TILE; j++) {
                 const int64_t row = t * KVSERVE_LINEAR_TILE + j;
-                dst[kk * KVSERVE_LINEAR_TILE + j] = row < n ? weight[row * k + kk] : 0;
+                char *to = packed + (size_t)((t * k + kk) * KVSERVE_LINEAR_TILE + j) * elem;
+                if (row < n)
+                    memcpy(to, weight + (size_t)(row * k + kk) * elem, elem);
+                else
+                    memset(to, 0, elem);
             }
-    }
+}
+
+void kvserve_pack_linear_f32(const float *weight, int64_t n, int64_t k, float *packed) {
+    pack_tiles((const char *)weight, sizeof(float), n, k, (char *)packed);
+}
+
+/* int8 codes, in the same layout. */
+void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *packed) {
+    pack_tiles((const char *)weight, sizeof(int8_t), n, k, (char *)packed);
 }
 
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the packed weight, plus
  * bias [n] when given. Returns nonzero when this build cannot run it (no AVX-512, or no memory). */
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads) {
-#if defined(__AVX512F__)
     return linear(x, x_stride, m, k, packed, W_F32, NULL, NULL, n, bias, out, out_stride, num_threads);
-#else
-    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)n; (void)bias; (void)out; (void)out_stride;
-    (void)num_threads;
-    return 1;
-#endif
 }
 
 /* The same over packed int8 codes with one float32 scale per output: out = (x codes^T) * scale + bias.
@@ -191,13 +193,7 @@ int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, c
 int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
                           const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
                           int num_threads) {
-#if defined(__AVX512F__)
     return linear(x, x_stride, m, k, packed, W_I8, scales, NULL, n, bias, out, out_stride, num_threads);
-#else
-    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)scales; (void)n; (void)bias; (void)out;
-    (void)out_stride; (void)num_threads;
-    return 1;
-#endif
 }
 
 /* int4 codes q [n][k] (0..15, int32) with scale and zero [n][k/32] -> packed [ceil(n/16)][k][8 bytes]
@@ -231,12 +227,6 @@ void kvserve_pack_linear_i4(const int32_t *codes, const float *scale, const floa
 int kvserve_linear_i4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
                           const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
                           int64_t out_stride, int num_threads) {
-#if defined(__AVX512F__)
     if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
     return linear(x, x_stride, m, k, packed, W_I4, scales, zeros, n, bias, out, out_stride, num_threads);
-#else
-    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)scales; (void)zeros; (void)n; (void)bias;
-    (void)out; (void)out_stride; (void)num_threads;
-    return 1;
-#endif
 }
