@@ -11,7 +11,9 @@ callers keep their torch path.
 - cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
   rotary embedding in one pass each;
 - cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
-- cpu_linear.c: linear layers over float32 weights or int8/int4 codes packed once.
+- cpu_linear.c: linear layers over float32 weights or int8/int4 codes packed once;
+- cpu_grid_linear.c: few-row linear layers over float32 weights kept as the codes of
+  their block grid (backend/models/grid_weights.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import torch
 log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name)
-            for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c")]
+            for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
+                         "cpu_grid_linear.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -109,6 +112,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_pack_linear_i4.restype = None
     lib.kvserve_linear_i4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_linear_i4_f32.restype = ctypes.c_int
+    lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     return lib
 
 
@@ -327,4 +332,25 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
         status = lib.kvserve_linear_i8_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), scales.data_ptr(),
                                            out_features, bias_ptr, out.data_ptr(), out_features,
                                            torch.get_num_threads())
+    return None if status else out
+
+
+def grid_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
+                bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
+    `bits`-bit codes, plus bias; None if the kernel declines (no AVX-512: the caller's other path runs)."""
+    lib = _library()
+    if lib is None or not _rows_ok(x):
+        return None
+    rows, k = x.shape
+    block_bytes = {4: 96, 8: 144}.get(bits, 0)  # cpu_grid_linear.c's block_bytes()
+    strips = (out_features + 3) // 4
+    if (not block_bytes or k % 32 or packed.dtype != torch.uint8 or packed.numel() != strips * (k // 32) * block_bytes
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
+                                      or bias.numel() != out_features))):
+        raise ValueError("native grid linear: the input width, packed weight and bias do not agree")
+    out = torch.empty(rows, out_features)
+    status = lib.kvserve_grid_linear_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), bits, out_features,
+                                         None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
+                                         torch.get_num_threads())
     return None if status else out

@@ -1,6 +1,6 @@
 """A/B of the CPU linear layers: oneDNN's packed linear against kernels/cpu_linear.c, alternated.
 
-    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8 | --int4]
+    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8 | --int4 | --grid]
 
 Times one decode step's worth of projections (every layer's qkv, o, gate/up and
 down, then the logits projection) with random weights of the given shapes
@@ -9,7 +9,10 @@ engine, the weights come from memory, not from the cache. Each round runs
 oneDNN then the native kernel at every row count; prints ms per step and their
 ratio. With --int8 the weights are `--quantization int8`'s codes and the baseline
 is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
-without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`. One-off measurement, not installed.
+without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`. With --grid the
+float32 weights lie on GGUF's grids (Q4_1 in the layers, Q8_0 in the logits projection, as
+SmolLM2's GGUF), the baseline is the native float32 kernel and the other side
+kernels/cpu_grid_linear.c over their codes. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 
 import torch
 
+from kvserve.backend.models.grid_weights import find_grid
 from kvserve.backend.models.quantize import Int4Linear, Int8Linear
 from kvserve.kernels import cpu_native
 
@@ -28,6 +32,29 @@ def _weights(layers: int, hidden: int, inner: int, q_out: int, vocab: int):
     g = torch.Generator().manual_seed(0)
     per_layer = [[torch.randn(n, k, generator=g) * 0.05 for n, k in shapes] for _ in range(layers)]
     return shapes, per_layer + [[torch.randn(vocab, hidden, generator=g) * 0.05]]
+
+
+def _on_grids(weights):
+    """The weights moved onto GGUF's block grids, computed as numpy dequantizes: d * q + m per
+    block of 32 (Q4_1) in the layers, d * q (Q8_0) in the logits projection."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i, layer in enumerate(weights):
+        moved = []
+        for w in layer:
+            n, k = w.shape
+            d = (torch.rand(n, k // 32, 1, generator=g) * 0.01).half().float()
+            if i < len(weights) - 1:
+                m = (-torch.rand(n, k // 32, 1, generator=g) * 0.08).half().float()
+                q = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
+                q[..., 0], q[..., 1] = 0, 15  # a quantizer's block spans its codes
+                moved.append((d * q + m).reshape(n, k))
+            else:
+                q = torch.randint(-127, 128, (n, k // 32, 32), generator=g).float()
+                q[..., 0] = 127
+                moved.append((q * d).reshape(n, k))
+        out.append(moved)
+    return out
 
 
 def main() -> None:
@@ -41,12 +68,19 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--int8", action="store_true", help="int8 codes: torch's int8 kernel against the native one")
     p.add_argument("--int4", action="store_true", help="int4 codes: torch's int4 kernel against the native one")
+    p.add_argument("--grid", action="store_true", help="grid-valued float32 weights: native float32 against grid codes")
     args = p.parse_args()
     if cpu_native.pack_linear(torch.zeros(1, 1)) is None:
         raise SystemExit("the native linear kernel does not run here (no C compiler or no AVX-512)")
     shapes, weights = _weights(args.layers, args.hidden, args.intermediate, args.qkv_out, args.vocab)
     outs = [[w.shape[0] for w in layer] for layer in weights]
-    if args.int8 or args.int4:
+    if args.grid:
+        weights = _on_grids(weights)
+        dense = [[cpu_native.pack_linear(w) for w in layer] for layer in weights]
+        baseline = [[(lambda x, d=d, n=w.shape[0]: cpu_native.linear(x, d, n, None)) for d, w in zip(d_layer, layer)]
+                    for d_layer, layer in zip(dense, weights)]
+        native = [[(find_grid(w), "grid") for w in layer] for layer in weights]
+    elif args.int8 or args.int4:
         quantized = [[(Int8Linear if args.int8 else Int4Linear)(w, None) for w in layer] for layer in weights]
         native = [[q.native for q in layer] for layer in quantized]
         for layer in quantized:
@@ -70,6 +104,8 @@ def main() -> None:
             for x, base, (codes, scales), out in zip(inputs, b_layer, n_layer, out_layer):
                 if kind == "baseline":
                     base(x)
+                elif scales == "grid":
+                    cpu_native.grid_linear(x, codes.packed, codes.bits, out, None)
                 elif isinstance(scales, str):
                     cpu_native.linear_i4(x, codes, out, None)
                 else:
@@ -86,11 +122,12 @@ def main() -> None:
                 for _ in range(reps):
                     step(kind, xs)
                 results.setdefault(rows, {}).setdefault(kind, []).append((time.perf_counter() - started) / reps * 1e3)
-    name = "torch int8" if args.int8 else "torch int4" if args.int4 else "oneDNN"
+    name = "torch int8" if args.int8 else "torch int4" if args.int4 else "f32 native" if args.grid else "oneDNN"
     print(f"threads {torch.get_num_threads()}; ms per step of projections (median of {args.rounds} rounds)")
     for rows, r in results.items():
         a, b = statistics.median(r["baseline"]), statistics.median(r["native"])
-        print(f"rows {rows:5d}  {name} {a:8.1f}  native {b:8.1f}  {name}/native {a / b:5.2f}")
+        other = "grid" if args.grid else "native"
+        print(f"rows {rows:5d}  {name} {a:8.1f}  {other} {b:8.1f}  {name}/{other} {a / b:5.2f}")
 
 
 if __name__ == "__main__":

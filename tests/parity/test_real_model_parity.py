@@ -110,3 +110,13 @@ def test_preemption(real_model_path, prompts, reference) -> None:
                         max_model_len=need)
     assert llm.engine.scheduler.num_preemptions_total > 0
     assert ours == reference
+
+
+def test_one_at_a_time_on_the_grid_codes(real_model_path, prompts, reference) -> None:
+    """One row per step takes the grid kernel (the Q4_1 and Q8_0 codes of the float32 weights):
+    the same greedy tokens as the 16-row steps over the float32 weights."""
+    ours, llm = _greedy(real_model_path, prompts[:4], max_num_seqs=1)
+    model = llm.engine.runner.model
+    if getattr(model.logits_proj, "native", None) is not None:  # the native kernels run on this machine
+        assert model.layers[0].gate_up_proj.grid.bits == 4 and model.logits_proj.grid.bits == 8
+    assert ours == reference[:4]

@@ -1,0 +1,133 @@
+/* y = x W^T + b for a few rows, over a float32 weight kept as the codes of the block grid its
+ * values lie on: the same float32 weights, read in a fifth of the bytes.
+ *
+ * A GGUF checkpoint's weights are codes and block constants: Q4_1 blocks of 32 inputs hold
+ * d * q + m (q in 0..15), Q8_0 blocks d * q (q in -127..127). Dequantized, they are float32
+ * values on that grid, and a decode step at one row is a stream of 4 bytes per value where half
+ * a byte (plus the constants) says exactly the same. backend/models/grid_weights.py finds the
+ * grid of a float32 weight (checking every value reproduces bit for bit); this kernel expands
+ * the codes in registers and multiplies with the float32 activations, so the weights a product
+ * uses are the float32 ones exactly and only the summation order differs (as between any two
+ * BLAS libraries).
+ *
+ * - 4-bit codes: one 16-entry table per output and block, d * [0..15] + m, built with an FMA
+ *   (exact: grid_weights.py keeps only steps d whose products with 0..15 are exact in float32,
+ *   so one rounding of d * q + m is numpy's two), then one permute per 16 values;
+ * - 8-bit codes: widened to float32 and multiplied by d (one rounding, as numpy's);
+ * - the weight is laid out in strips of 4 outputs, block by block: [N/4][K/32] of 4 outputs'
+ *   codes then their constants, so a step reads one stream in memory order, prefetched ahead;
+ * - each (output, row) sums in one vector, reduced at the end of the strip.
+ *
+ * It suits few rows: the codes are expanded once per row pass, which at 16 rows costs more than
+ * reading float32 (cpu_linear.c's kernel is then faster). Threads split the strips. Without
+ * AVX-512 the entry point returns nonzero and the caller keeps its other path. */
+#include <stdint.h>
+
+#define KVSERVE_GRID_GROUP 32 /* inputs per block: GGUF's Q4_1 and Q8_0 block size */
+#define KVSERVE_GRID_OUTS 4 /* outputs per strip: one 64-byte line of 4-bit codes per block */
+#define KVSERVE_GRID_ROWS 4 /* rows per pass: 4 outputs x 4 rows of accumulators */
+#define KVSERVE_GRID_PREFETCH_BYTES (16 * 1024)
+
+/* Code formats: 4-bit affine (d * q + m) and 8-bit symmetric (d * q). */
+enum { GRID_Q4 = 4, GRID_Q8 = 8 };
+
+/* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit). */
+static int64_t block_bytes(int bits) {
+    return bits == GRID_Q4 ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8 : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* ROWS rows times one strip of 4 outputs; results at out[r * out_stride + o] for the `width`
+ * outputs that exist. */
+static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const int BITS, const float *x,
+                                                             int64_t x_stride, int64_t k, const uint8_t *strip,
+                                                             const float *bias, float *out, int64_t out_stride,
+                                                             int width) {
+    __m512 acc[KVSERVE_GRID_OUTS][KVSERVE_GRID_ROWS];
+    for (int o = 0; o < KVSERVE_GRID_OUTS; o++)
+        for (int r = 0; r < ROWS; r++) acc[o][r] = _mm512_setzero_ps();
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int64_t step = block_bytes(BITS);
+    const int64_t blocks = k / KVSERVE_GRID_GROUP;
+    for (int64_t g = 0; g < blocks; g++) {
+        const uint8_t *blk = strip + g * step;
+        _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
+        _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        __m512 x_lo[KVSERVE_GRID_ROWS], x_hi[KVSERVE_GRID_ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            x_lo[r] = _mm512_loadu_ps(x + r * x_stride + g * KVSERVE_GRID_GROUP);
+            x_hi[r] = _mm512_loadu_ps(x + r * x_stride + g * KVSERVE_GRID_GROUP + 16);
+        }
+        const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
+        for (int o = 0; o < KVSERVE_GRID_OUTS; o++) {
+            __m512 w_lo, w_hi;
+            if (BITS == GRID_Q4) {
+                /* byte j of a block: value j in the low nibble, value j + 16 in the high one; the
+                 * permute reads only an index's low 4 bits. */
+                const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(d[o]), iota, _mm512_set1_ps(d[KVSERVE_GRID_OUTS + o]));
+                const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + o * 16)));
+                w_lo = _mm512_permutexvar_ps(codes, table);
+                w_hi = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+            } else {
+                const __m512 scale = _mm512_set1_ps(d[o]);
+                const __m128i *codes = (const __m128i *)(blk + o * 32);
+                w_lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes))), scale);
+                w_hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1))), scale);
+            }
+            for (int r = 0; r < ROWS; r++) {
+                acc[o][r] = _mm512_fmadd_ps(w_lo, x_lo[r], acc[o][r]);
+                acc[o][r] = _mm512_fmadd_ps(w_hi, x_hi[r], acc[o][r]);
+            }
+        }
+    }
+    for (int o = 0; o < width; o++)
+        for (int r = 0; r < ROWS; r++)
+            out[r * out_stride + o] = _mm512_reduce_add_ps(acc[o][r]) + (bias ? bias[o] : 0.0f);
+}
+
+#define KVSERVE_GRID_CASE(n)                                                                        \
+    case n:                                                                                         \
+        if (bits == GRID_Q4)                                                                        \
+            strip_pass(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width);            \
+        else                                                                                        \
+            strip_pass(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width);            \
+        break;
+
+static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int64_t k, const uint8_t *strip,
+                       const float *bias, float *out, int64_t out_stride, int width) {
+    switch (rows) {
+        KVSERVE_GRID_CASE(1) KVSERVE_GRID_CASE(2) KVSERVE_GRID_CASE(3) KVSERVE_GRID_CASE(4)
+        default: break;
+    }
+}
+#endif
+
+/* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the grid-coded weight
+ * `packed` (grid_weights.py's strip layout of `bits`-bit codes, k a multiple of 32), plus bias [n]
+ * when given. Rows beyond 4 take further passes over the weight. Returns nonzero when this build
+ * cannot run it (no AVX-512) or the arguments are not a layout it knows. */
+int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
+                            int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
+#if defined(__AVX512F__)
+    if ((bits != GRID_Q4 && bits != GRID_Q8) || k % KVSERVE_GRID_GROUP) return 3;
+    const int64_t strips = (n + KVSERVE_GRID_OUTS - 1) / KVSERVE_GRID_OUTS;
+    const int64_t strip_bytes = k / KVSERVE_GRID_GROUP * block_bytes(bits);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t s = 0; s < strips; s++) {
+        const int64_t col = s * KVSERVE_GRID_OUTS;
+        const int width = n - col < KVSERVE_GRID_OUTS ? (int)(n - col) : KVSERVE_GRID_OUTS;
+        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_GRID_ROWS) {
+            const int rows = m - r0 < KVSERVE_GRID_ROWS ? (int)(m - r0) : KVSERVE_GRID_ROWS;
+            strip_rows(rows, bits, x + r0 * x_stride, x_stride, k, packed + s * strip_bytes, bias ? bias + col : 0,
+                       out + r0 * out_stride + col, out_stride, width);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)bits; (void)n; (void)bias; (void)out;
+    (void)out_stride; (void)num_threads;
+    return 1;
+#endif
+}
