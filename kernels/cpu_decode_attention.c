@@ -103,6 +103,161 @@ static inline void attend(const float *restrict q, const float *restrict key_cac
     }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The AVX-512 path for the common shapes (head size 64 with up to 4 query heads per kv head, 128
+ * with up to 2). A token's dot products leave 16 partial sums each; one transpose of 16 such
+ * vectors sums them all at once (45 shuffles and adds where 16 horizontal sums take ~130). A
+ * 16-token chunk's rows are read once, front to back, for all the item's kv heads, while the
+ * next chunk's are prefetched; one kv head's query heads keep their accumulators in registers
+ * through the chunk. A 16-request step at 320 tokens of context (SmolLM2's 30 layers, 236 MB of
+ * K/V): 3.3-3.6 ms against the scalar loops' 5.3-7.2 with the cache resident, 11.6-14.5 ms
+ * against 23.9-26.5 with its blocks scattered through memory (as a long-running server's are);
+ * with the blocks in order both wait on memory (~10-11 ms in the engine). */
+
+/* Lane t of the result: the sum of v[t]'s 16 lanes. */
+static inline __m512 sum_lanes16(const __m512 *v) {
+    __m512 w[8], x[4], z[2];
+    for (int j = 0; j < 8; j++)
+        w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; j++) /* lane group k of x[j]: tokens 4j..4j+3, summed over group k */
+        x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int j = 0; j < 2; j++)
+        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* kvserve_exp (cpu_exp.h) on 16 lanes. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 y = _mm512_set1_ps(1.5353362e-4f);
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3398874e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6182669e-3f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5503406e-2f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022652e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
+ * context, 16 tokens at a time: each chunk's rows are read once, front to back, for all those kv
+ * heads, while the next chunk's are prefetched. One kv head's G query heads keep their
+ * accumulators in registers through the chunk. */
+static inline __attribute__((always_inline)) void attend_avx512(
+    const int NV, const int G, const float *restrict q, const float *restrict key_cache,
+    const float *restrict value_cache, const int32_t *restrict table, int64_t len, float *restrict o,
+    int64_t kv_lo, int64_t kv_hi, int64_t row_stride, int64_t block_size, float scale) {
+    const int64_t head_dim = NV * 16;
+    const int64_t heads = (kv_hi - kv_lo) * G;
+    float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM];
+    float mx[KVSERVE_MAX_HEADS], sum[KVSERVE_MAX_HEADS];
+    memset(acc, 0, sizeof(float) * (size_t)(heads * head_dim));
+    for (int64_t i = 0; i < heads; i++) {
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+    const float *qh = q + kv_lo * G * head_dim;
+    float *oh = o + kv_lo * G * head_dim;
+    const int64_t span = (kv_hi - kv_lo) * head_dim; /* floats of a slot this item reads */
+    /* Chunks of up to 16 tokens that stay within one cache block (consecutive slots). */
+    const int64_t chunk_max = block_size < 16 ? block_size : 16;
+    for (int64_t t0 = 0; t0 < len; t0 += chunk_max) {
+        const int n = (int)(len - t0 < chunk_max ? len - t0 : chunk_max);
+        const int64_t first =
+            ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv_lo * head_dim;
+        const int64_t t1 = t0 + chunk_max;
+        if (t1 < len) { /* the next chunk's rows, while these are used */
+            const int64_t next =
+                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
+            const int m = (int)(len - t1 < chunk_max ? len - t1 : chunk_max);
+            for (int t = 0; t < m; t++)
+                for (int64_t f = 0; f < span; f += 16) {
+                    _mm_prefetch((const char *)(key_cache + next + t * row_stride + f), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(value_cache + next + t * row_stride + f), _MM_HINT_T0);
+                }
+        }
+        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+        for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
+            const float *k = key_cache + first + kv * head_dim, *v = value_cache + first + kv * head_dim;
+            float p[4][16];
+            __m512 a[4][8]; /* [G][NV]: G <= 4, NV <= 8 */
+            for (int i = 0; i < G; i++) {
+                const int64_t h = kv * G + i;
+                __m512 part[16];
+                for (int t = 0; t < 16; t++) {
+                    __m512 dot = _mm512_setzero_ps();
+                    if (t < n)
+                        for (int j = 0; j < NV; j++)
+                            dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + h * head_dim + j * 16),
+                                                  _mm512_loadu_ps(k + t * row_stride + j * 16), dot);
+                    part[t] = dot;
+                }
+                const __m512 scores = _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale));
+                const float top = _mm512_mask_reduce_max_ps(valid, scores);
+                const float new_max = mx[h] > top ? mx[h] : top;
+                const float correction = kvserve_exp(mx[h] - new_max); /* ~0 on the first chunk */
+                const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+                _mm512_storeu_ps(p[i], e);
+                sum[h] = sum[h] * correction + _mm512_reduce_add_ps(e);
+                mx[h] = new_max;
+                const __m512 c = _mm512_set1_ps(correction);
+                for (int j = 0; j < NV; j++) a[i][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * head_dim + j * 16), c);
+            }
+            for (int t = 0; t < n; t++) {
+                __m512 vv[8];
+                for (int j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + t * row_stride + j * 16);
+                for (int i = 0; i < G; i++) {
+                    const __m512 pt = _mm512_set1_ps(p[i][t]);
+                    for (int j = 0; j < NV; j++) a[i][j] = _mm512_fmadd_ps(pt, vv[j], a[i][j]);
+                }
+            }
+            for (int i = 0; i < G; i++)
+                for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + (kv * G + i) * head_dim + j * 16, a[i][j]);
+        }
+    }
+    for (int64_t i = 0; i < heads; i++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sum[i]);
+        for (int j = 0; j < NV; j++) _mm512_storeu_ps(oh + i * head_dim + j * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + i * head_dim + j * 16), inv));
+    }
+}
+
+#define ATTEND_AVX512(NV, G)                                                                                      \
+    static void attend_avx512_##NV##_##G(const float *q, const float *kc, const float *vc, const int32_t *table,  \
+                                         int64_t len, float *o, int64_t lo, int64_t hi, int64_t row_stride,        \
+                                         int64_t block_size, float scale) {                                        \
+        attend_avx512(NV, G, q, kc, vc, table, len, o, lo, hi, row_stride, block_size, scale);                    \
+    }
+ATTEND_AVX512(4, 1)
+ATTEND_AVX512(4, 2)
+ATTEND_AVX512(4, 3)
+ATTEND_AVX512(4, 4)
+ATTEND_AVX512(8, 1)
+ATTEND_AVX512(8, 2)
+
+typedef void (*attend_fn)(const float *, const float *, const float *, const int32_t *, int64_t, float *, int64_t,
+                          int64_t, int64_t, int64_t, float);
+
+/* The specialised kernel for this head size and group, or NULL (the scalar loops run). */
+static attend_fn avx512_kernel(int64_t head_dim, int64_t group) {
+    if (head_dim == 64) {
+        static const attend_fn by_group[] = {attend_avx512_4_1, attend_avx512_4_2, attend_avx512_4_3,
+                                             attend_avx512_4_4};
+        return group >= 1 && group <= 4 ? by_group[group - 1] : NULL;
+    }
+    if (head_dim == 128) return group == 1 ? attend_avx512_8_1 : group == 2 ? attend_avx512_8_2 : NULL;
+    return NULL;
+}
+#endif
+
 #define ATTEND_WITH_HEAD_DIM(D)                                                                                  \
     static void attend_##D(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t len, \
                            float *o, int64_t lo, int64_t hi, int64_t group, int64_t row_stride,                \
@@ -125,6 +280,9 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
     const int64_t row_stride = num_kv_heads * head_dim; /* floats between consecutive slots */
     const int64_t split = batch >= 2 * (int64_t)num_threads ? 1 : num_kv_heads; /* items per request */
     const int64_t items = batch * split, heads_per_item = num_kv_heads / split;
+#if defined(__AVX512F__)
+    const attend_fn fast = avx512_kernel(head_dim, group);
+#endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t item = 0; item < items; ++item) {
         const int64_t b = item / split, lo = (item % split) * heads_per_item;
@@ -132,6 +290,12 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
         float *o = out + b * num_heads * head_dim;
         const int32_t *table = tables + b * table_stride;
         const int64_t hi = lo + heads_per_item;
+#if defined(__AVX512F__)
+        if (fast) {
+            fast(q, key_cache, value_cache, table, lens[b], o, lo, hi, row_stride, block_size, scale);
+            continue;
+        }
+#endif
         if (head_dim == 64)
             attend_64(q, key_cache, value_cache, table, lens[b], o, lo, hi, group, row_stride, block_size, scale);
         else if (head_dim == 128)

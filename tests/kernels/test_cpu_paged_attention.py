@@ -61,7 +61,10 @@ def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_p
 
 @pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
-                         [(9, 3, 64, 16), (8, 8, 32, 1), (32, 4, 128, 32), (4, 1, 80, 8)])
+                         [(9, 3, 64, 16), (8, 8, 32, 1), (32, 4, 128, 32), (4, 1, 80, 8),
+                          # the AVX-512 path's shapes: head size 64 with 1-4 query heads per kv head,
+                          # 128 with 1-2; cache blocks shorter and longer than its 16-token chunks
+                          (6, 6, 64, 4), (8, 4, 64, 8), (4, 1, 64, 64), (8, 8, 128, 16), (16, 8, 128, 32)])
 def test_native_decode_kernel_matches_reference(num_heads, num_kv_heads, head_dim, block_size):
     gen = torch.Generator().manual_seed(num_heads * head_dim + block_size)
     seq_lens = [1, 2, block_size, block_size + 1, 300, 77]
