@@ -34,8 +34,10 @@
 #define KVSERVE_LINEAR_I4_GROUP 32 /* inputs per int4 scale and zero (GGUF's Q4 block size) */
 
 /* Weight formats (compile-time in each pass): float32; int8 codes with one scale per output;
- * int4 codes, two per byte, with a scale and a zero per output and group of 32 inputs. */
-enum { W_F32 = 0, W_I8 = 1, W_I4 = 2 };
+ * int4 codes, two per byte, with a scale and a zero per output and group of 32 inputs; and the
+ * grid codes of float32 weights (backend/models/grid_weights.py): 4-bit ones whose value is
+ * q * d + m, 8-bit ones q * d, with d (and m) per output and group of 32 inputs. */
+enum { W_F32 = 0, W_I8 = 1, W_I4 = 2, W_G4 = 3, W_G8 = 4 };
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -51,24 +53,29 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
     __m512 group_scale = _mm512_setzero_ps(), group_zero = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; k++) {
         __m512 wv;
-        if (WT == W_I4) {
+        if (WT == W_I4 || WT == W_G4 || WT == W_G8) {
             if ((k & (KVSERVE_LINEAR_I4_GROUP - 1)) == 0) {
                 const int64_t g = k / KVSERVE_LINEAR_I4_GROUP;
                 group_scale = _mm512_loadu_ps(scales + g * KVSERVE_LINEAR_TILE);
-                group_zero = _mm512_loadu_ps(zeros + g * KVSERVE_LINEAR_TILE);
+                if (WT != W_G8) group_zero = _mm512_loadu_ps(zeros + g * KVSERVE_LINEAR_TILE);
             }
+        }
+        if (WT == W_I4 || WT == W_G4) {
             const uint8_t *wk = (const uint8_t *)w + k * (KVSERVE_LINEAR_TILE / 2);
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
             const __m128i bytes = _mm_loadl_epi64((const __m128i *)wk);
             const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
             const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
             const __m128i codes = _mm_unpacklo_epi8(low, high); /* byte j: outputs 2j (low), 2j + 1 (high) */
-            const __m512 q = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), _mm512_set1_ps(8.0f));
-            wv = _mm512_fmadd_ps(q, group_scale, group_zero); /* (q - 8) * scale exact, one rounding */
-        } else if (WT == W_I8) {
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+            /* int4: (q - 8) * scale, exact, plus zero in one rounding. Grid: q * d + m in one rounding,
+             * which is q * d then + m since grid_weights.py keeps only steps d that make q * d exact. */
+            wv = _mm512_fmadd_ps(WT == W_I4 ? _mm512_sub_ps(q, _mm512_set1_ps(8.0f)) : q, group_scale, group_zero);
+        } else if (WT == W_I8 || WT == W_G8) {
             const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
             wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wk)));
+            if (WT == W_G8) wv = _mm512_mul_ps(wv, group_scale); /* q * d, one rounding as numpy's */
         } else {
             const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
@@ -87,6 +94,10 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
     case n:                                                                                  \
         if (wt == W_I4)                                                                      \
             tile_pass(n, W_I4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+        else if (wt == W_G4)                                                                 \
+            tile_pass(n, W_G4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+        else if (wt == W_G8)                                                                 \
+            tile_pass(n, W_G8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
         else if (wt == W_I8)                                                                 \
             tile_pass(n, W_I8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
         else                                                                                 \
@@ -122,9 +133,10 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
         for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
     }
     const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-    const size_t tile_bytes = wt == W_I4   ? (size_t)(k * KVSERVE_LINEAR_TILE / 2)
-                              : wt == W_I8 ? (size_t)(k * KVSERVE_LINEAR_TILE)
-                                           : (size_t)(k * KVSERVE_LINEAR_TILE) * sizeof(float);
+    const int grouped = wt == W_I4 || wt == W_G4 || wt == W_G8; /* scales per group of 32 inputs */
+    const size_t tile_bytes = wt == W_I4 || wt == W_G4 ? (size_t)(k * KVSERVE_LINEAR_TILE / 2)
+                              : wt == W_F32           ? (size_t)(k * KVSERVE_LINEAR_TILE) * sizeof(float)
+                                                      : (size_t)(k * KVSERVE_LINEAR_TILE);
     const int64_t group_len = k / KVSERVE_LINEAR_I4_GROUP * KVSERVE_LINEAR_TILE; /* a tile's int4 scales */
 #pragma omp parallel num_threads(num_threads)
     for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
@@ -138,8 +150,8 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
             for (int64_t b = g0; b < g1; b++) {
                 const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
                 const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
-                const float *tile_scales = wt == W_I8 ? scales + col : wt == W_I4 ? scales + t * group_len : NULL;
-                const float *tile_zeros = wt == W_I4 ? zeros + t * group_len : NULL;
+                const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
+                const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
                 tile_rows(rows, wt, xb + b * block_len, w, k, tile_scales, tile_zeros, bias ? bias + col : NULL,
                           out + r0 * out_stride + col, out_stride, lanes);
             }
@@ -229,4 +241,22 @@ int kvserve_linear_i4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k
                           int64_t out_stride, int num_threads) {
     if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
     return linear(x, x_stride, m, k, packed, W_I4, scales, zeros, n, bias, out, out_stride, num_threads);
+}
+
+/* Grid codes of float32 weights (k a multiple of 32): 4-bit ones packed by kvserve_pack_linear_i4
+ * (codes q, scale d, zero m: the value q * d + m), 8-bit ones by kvserve_pack_linear_i8 with
+ * tile-major group steps [ceil(n/16)][k/32][16] (the value q * d). The weights the products use
+ * are the float32 ones exactly, so the results are the float32 kernel's bit for bit. */
+int kvserve_linear_g4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
+                          const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
+                          int64_t out_stride, int num_threads) {
+    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
+    return linear(x, x_stride, m, k, packed, W_G4, scales, zeros, n, bias, out, out_stride, num_threads);
+}
+
+int kvserve_linear_g8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
+                          const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
+                          int num_threads) {
+    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
+    return linear(x, x_stride, m, k, packed, W_G8, scales, NULL, n, bias, out, out_stride, num_threads);
 }

@@ -112,6 +112,10 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_pack_linear_i4.restype = None
     lib.kvserve_linear_i4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_linear_i4_f32.restype = ctypes.c_int
+    lib.kvserve_linear_g4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_g4_f32.restype = ctypes.c_int
+    lib.kvserve_linear_g8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_g8_f32.restype = ctypes.c_int
     lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     return lib
@@ -249,6 +253,11 @@ def _linear_runs() -> bool:
     return lib.kvserve_linear_f32(x.data_ptr(), 1, 1, 1, w.data_ptr(), 1, None, out.data_ptr(), 1, 1) == 0
 
 
+def linear_available() -> bool:
+    """Whether the native linear kernels run here (a C compiler and AVX-512)."""
+    return _linear_runs()
+
+
 def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
     """A float32 [N, K] weight (or int8 codes) in `linear`'s tiled layout, or None where the kernel
     does not run."""
@@ -335,7 +344,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
     return None if status else out
 
 
-def grid_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
+def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
                 bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
     `bits`-bit codes, plus bias; None if the kernel declines (no AVX-512: the caller's other path runs)."""
@@ -353,4 +362,50 @@ def grid_linear(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: 
     status = lib.kvserve_grid_linear_f32(x.data_ptr(), x.stride(0), rows, k, packed.data_ptr(), bits, out_features,
                                          None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
                                          torch.get_num_threads())
+    return None if status else out
+
+
+def pack_grid_tiles(codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor | None) -> Int4Weight | None:
+    """Grid codes [N, K] of float32 weights (backend/models/grid_weights.py) in `linear_grid`'s tiles:
+    4-bit ones (uint8 0..15, value q * step + low, both [N, K / 32]) as `pack_linear_i4` lays them,
+    8-bit ones (int8, value q * step; `low` None) as `pack_linear` with tile-major steps. None where
+    the kernel does not run."""
+    if low is not None:
+        return pack_linear_i4(codes, step, low)
+    packed = pack_linear(codes)
+    if packed is None:
+        return None
+    n, groups = step.shape
+    tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
+    padded = torch.zeros(tiles * _LINEAR_TILE, groups)
+    padded[:n] = step
+    steps = padded.view(tiles, _LINEAR_TILE, groups).transpose(1, 2).contiguous().reshape(-1)
+    return Int4Weight(packed, steps, torch.empty(0))
+
+
+def linear_grid(x: torch.Tensor, weight: Int4Weight, bits: int, out_features: int,
+                bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a `pack_grid_tiles` weight of `bits`-bit
+    codes, plus bias: the float32 kernel's result bit for bit. None if the kernel declines."""
+    lib = _library()
+    if lib is None or not _rows_ok(x):
+        return None
+    rows, k = x.shape
+    tiles = (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE
+    code_bytes = tiles * _LINEAR_TILE * k // (2 if bits == 4 else 1)
+    if (bits not in (4, 8) or k % INT4_GROUP or weight.codes.numel() * weight.codes.element_size() != code_bytes
+            or weight.scales.numel() != tiles * (k // INT4_GROUP) * _LINEAR_TILE
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
+                                      or bias.numel() != out_features))):
+        raise ValueError("native grid linear: the input width, packed weight and bias do not agree")
+    out = torch.empty(rows, out_features)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    if bits == 4:
+        status = lib.kvserve_linear_g4_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
+                                           weight.scales.data_ptr(), weight.zeros.data_ptr(), out_features, bias_ptr,
+                                           out.data_ptr(), out_features, torch.get_num_threads())
+    else:
+        status = lib.kvserve_linear_g8_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
+                                           weight.scales.data_ptr(), out_features, bias_ptr, out.data_ptr(),
+                                           out_features, torch.get_num_threads())
     return None if status else out

@@ -15,10 +15,13 @@ one row (loadtests/studies/linear_ab.py). Above 64 rows oneDNN stays ahead
 twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
 
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
-checkpoint loaded as float32, checked bit for bit) also keeps its codes, a fifth of
-its bytes, and up to 8 rows take kernels/cpu_grid_linear.c over them: the same
-weights, 4.3x fewer milliseconds per step's projections at one row, 1.5x at 8 rows,
-0.9x at 16 (linear_ab.py --grid). KVSERVE_CPU_GRID=0 skips it.
+checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
+tiles, a fifth of the bytes, and the decode-sized steps read those: up to 6 rows
+kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4),
+then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
+32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.
+The weights the products use are the float32 ones exactly. KVSERVE_CPU_GRID=0 keeps the
+float32 tiles.
 
 Applied after loading (whatever the loader) to the decoder's linear layers and
 the logits projection, for float32 models on the CPU without --quantization.
@@ -35,8 +38,8 @@ from kvserve.backend.models import grid_weights
 from kvserve.kernels import cpu_native
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-NATIVE_MAX_ROWS = 64  # at most this many rows take the native kernel (see above)
-GRID_MAX_ROWS = 8  # at most this many rows take the grid kernel (see above)
+NATIVE_MAX_ROWS = 64  # at most this many rows take the native kernels (see above)
+GRID_STRIP_MAX_ROWS = 6  # at most this many rows take the grid strips; more, the grid tiles (see above)
 
 
 class PackedLinear(nn.Module):
@@ -46,19 +49,24 @@ class PackedLinear(nn.Module):
         # An opaque oneDNN tensor: a plain attribute, not a parameter (nothing else reads it).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.native = cpu_native.pack_linear(weight)  # None without the native kernel (no compiler, no AVX-512)
-        self.grid = (grid_weights.find_grid(weight) if self.native is not None
-                     and os.environ.get("KVSERVE_CPU_GRID", "1") != "0" else None)
+        # The native kernels' copies (None without them: no compiler, no AVX-512): the grid codes
+        # where the weight is on a grid, else the float32 tiles.
+        runs = cpu_native.linear_available()
+        self.grid = (grid_weights.find_grid(weight) if runs and os.environ.get("KVSERVE_CPU_GRID", "1") != "0"
+                     else None)
+        self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.grid is not None and x.dim() == 2 and x.shape[0] <= GRID_MAX_ROWS:
-            out = cpu_native.grid_linear(x, self.grid.packed, self.grid.bits, self.out_features, self.bias)
-            if out is not None:
-                return out
-        if self.native is not None and x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
+        rows = x.shape[0] if x.dim() == 2 else NATIVE_MAX_ROWS + 1
+        out = None
+        if self.grid is not None and rows <= GRID_STRIP_MAX_ROWS:
+            out = cpu_native.grid_linear_strips(x, self.grid.strips, self.grid.bits, self.out_features, self.bias)
+        elif self.grid is not None and rows <= NATIVE_MAX_ROWS:
+            out = cpu_native.linear_grid(x, self.grid.tiles, self.grid.bits, self.out_features, self.bias)
+        elif self.native is not None and rows <= NATIVE_MAX_ROWS:
             out = cpu_native.linear(x, self.native, self.out_features, self.bias)
-            if out is not None:
-                return out
+        if out is not None:
+            return out
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

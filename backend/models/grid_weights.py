@@ -19,14 +19,17 @@ from typing import NamedTuple
 
 import torch
 
+from kvserve.kernels import cpu_native
+
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64
 
 
 class GridWeight(NamedTuple):
-    """A weight as cpu_grid_linear.c reads it: `bits`-bit codes and block constants in strips."""
-    packed: torch.Tensor  # uint8, [ceil(N/4)][K/32][block bytes]
+    """A weight as the grid kernels read it: `bits`-bit codes and block constants, twice laid out."""
+    strips: torch.Tensor  # for cpu_grid_linear.c (few rows): uint8 [ceil(N/4)][K/32][block bytes]
+    tiles: cpu_native.Int4Weight | None  # for cpu_linear.c's grid formats (more rows); None without it
     bits: int  # 4 (d * q + m) or 8 (d * q)
     out_features: int
     in_features: int
@@ -93,15 +96,14 @@ def _strips(codes: torch.Tensor, constants: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, dim=-1).contiguous().reshape(-1)
 
 
-def _encode(blocks: torch.Tensor, bits: tuple[int, ...] = (4, 8)) -> tuple[torch.Tensor, int] | None:
+def _encode(blocks: torch.Tensor, bits: tuple[int, ...] = (4, 8)):
+    """(bits, codes [N, G, 32], d [N, G], m [N, G] or None) of the first grid in `bits` every block is on, else None."""
     affine = _affine4(blocks) if 4 in bits else None
     if affine is not None:
-        q, d, m = affine
-        return _strips(q[..., :16] | (q[..., 16:] << 4), [d, m]), 4
+        return (4, *affine)
     symmetric = _symmetric8(blocks) if 8 in bits else None
     if symmetric is not None:
-        q, d = symmetric
-        return _strips(q, [d]), 8
+        return (8, *symmetric, None)
     return None
 
 
@@ -120,19 +122,24 @@ def find_grid(weight: torch.Tensor) -> GridWeight | None:
         sample = _encode(blocks[:_SAMPLE_ROWS])
         if sample is None:
             return None
-        bits = (sample[1],)
+        bits = (sample[0],)
     encoded = _encode(blocks, bits)
     if encoded is None:
         return None
-    packed, found_bits = encoded
-    return GridWeight(packed, found_bits, n, k)
+    found, q, d, m = encoded
+    if found == 4:
+        strips = _strips(q[..., :16] | (q[..., 16:] << 4), [d, m])
+    else:
+        strips = _strips(q, [d])
+    tiles = cpu_native.pack_grid_tiles(q.reshape(n, k), d, m)
+    return GridWeight(strips, tiles, found, n, k)
 
 
 def dequantize(grid: GridWeight) -> torch.Tensor:
     """The float32 weight [N, K] back from its strips, computed as numpy's dequantization does (tests)."""
     groups = grid.in_features // GROUP
     code_bytes = 16 if grid.bits == 4 else 32
-    strips = grid.packed.view(-1, groups, STRIP * code_bytes + STRIP * 4 * (2 if grid.bits == 4 else 1))
+    strips = grid.strips.view(-1, groups, STRIP * code_bytes + STRIP * 4 * (2 if grid.bits == 4 else 1))
     codes = strips[..., :STRIP * code_bytes].reshape(-1, groups, STRIP, code_bytes).transpose(1, 2)
     consts = strips[..., STRIP * code_bytes:].contiguous().view(torch.float32).reshape(-1, groups, 2 if grid.bits == 4 else 1, STRIP)
     d = consts[:, :, 0].transpose(1, 2).reshape(-1, groups, 1)

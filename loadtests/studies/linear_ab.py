@@ -11,8 +11,8 @@ ratio. With --int8 the weights are `--quantization int8`'s codes and the baselin
 is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
 without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`. With --grid the
 float32 weights lie on GGUF's grids (Q4_1 in the layers, Q8_0 in the logits projection, as
-SmolLM2's GGUF), the baseline is the native float32 kernel and the other side
-kernels/cpu_grid_linear.c over their codes. One-off measurement, not installed.
+SmolLM2's GGUF), the baseline is the native float32 kernel and the other sides
+kernels/cpu_grid_linear.c's strips and cpu_linear.c's grid tiles over their codes. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -104,8 +104,10 @@ def main() -> None:
             for x, base, (codes, scales), out in zip(inputs, b_layer, n_layer, out_layer):
                 if kind == "baseline":
                     base(x)
+                elif kind == "tiles":
+                    cpu_native.linear_grid(x, codes.tiles, codes.bits, out, None)
                 elif scales == "grid":
-                    cpu_native.grid_linear(x, codes.packed, codes.bits, out, None)
+                    cpu_native.grid_linear_strips(x, codes.strips, codes.bits, out, None)
                 elif isinstance(scales, str):
                     cpu_native.linear_i4(x, codes, out, None)
                 else:
@@ -116,7 +118,7 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k) for _, k in shapes]
             reps = 10 if rows <= 64 else 3
-            for kind in ("baseline", "native"):
+            for kind in ("baseline", "native", "tiles") if args.grid else ("baseline", "native"):
                 step(kind, xs)
                 started = time.perf_counter()
                 for _ in range(reps):
@@ -126,8 +128,12 @@ def main() -> None:
     print(f"threads {torch.get_num_threads()}; ms per step of projections (median of {args.rounds} rounds)")
     for rows, r in results.items():
         a, b = statistics.median(r["baseline"]), statistics.median(r["native"])
-        other = "grid" if args.grid else "native"
-        print(f"rows {rows:5d}  {name} {a:8.1f}  {other} {b:8.1f}  {name}/{other} {a / b:5.2f}")
+        other = "grid strips" if args.grid else "native"
+        line = f"rows {rows:5d}  {name} {a:8.1f}  {other} {b:8.1f}  {name}/{other} {a / b:5.2f}"
+        if args.grid:
+            c = statistics.median(r["tiles"])
+            line += f"  grid tiles {c:8.1f}  {name}/tiles {a / c:5.2f}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import GRID_MAX_ROWS, PackedLinear
+from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, NATIVE_MAX_ROWS, PackedLinear
 from kvserve.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
@@ -39,7 +39,7 @@ def test_a_gguf_weight_is_found_on_its_grid_and_given_back_bit_for_bit(kind, bit
     assert grid is not None and grid.bits == bits
     assert _same_bits(grid_weights.dequantize(grid), weight)
     # The Q4 codes plus constants are 6 bits a value, the Q8 ones 9: against float32's 32.
-    assert grid.packed.numel() <= weight.numel() * (0.75 if bits == 4 else 1.125) + 4 * 96 * 2
+    assert grid.strips.numel() <= weight.numel() * (0.75 if bits == 4 else 1.125) + 4 * 96 * 2
 
 
 def test_weights_on_no_grid_are_declined():
@@ -64,36 +64,57 @@ def test_grid_kernel_is_the_product_with_the_exact_weights(kind, rows):
     wide = torch.randn(rows, 70, generator=gen)
     x = wide[:, 3:67]  # rows 70 floats apart: the kernel honours the row stride
     for b in (None, bias):
-        got = cpu_native.grid_linear(x, grid.packed, grid.bits, 37, b)
+        got = cpu_native.grid_linear_strips(x, grid.strips, grid.bits, 37, b)
         want = (x.double() @ weight.double().T + (0 if b is None else b.double())).float()
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # One-hot rows read single weights out: the values the kernel multiplies are the float32 ones.
     eye = torch.eye(64)[:rows * 7:7]
-    got = cpu_native.grid_linear(eye, grid.packed, grid.bits, 37, None)
+    got = cpu_native.grid_linear_strips(eye, grid.strips, grid.bits, 37, None)
     assert _same_bits(got, weight[:, :rows * 7:7].T)
 
 
 def test_grid_kernel_declines_what_it_does_not_serve():
     weight = _gguf_roundtrip((np.random.default_rng(2).standard_normal((8, 64)) * 0.05).astype(np.float32), "Q8_0")
     grid = grid_weights.find_grid(weight)
-    assert cpu_native.grid_linear(torch.zeros(2, 64, dtype=torch.float64), grid.packed, 8, 8, None) is None
+    assert cpu_native.grid_linear_strips(torch.zeros(2, 64, dtype=torch.float64), grid.strips, 8, 8, None) is None
     with pytest.raises(ValueError):
-        cpu_native.grid_linear(torch.zeros(2, 32), grid.packed, 8, 8, None)  # a width it was not coded for
+        cpu_native.grid_linear_strips(torch.zeros(2, 32), grid.strips, 8, 8, None)  # a width it was not coded for
     with pytest.raises(ValueError):
-        cpu_native.grid_linear(torch.zeros(2, 64), grid.packed, 4, 8, None)  # another code format
+        cpu_native.grid_linear_strips(torch.zeros(2, 64), grid.strips, 4, 8, None)  # another code format
 
 
-def test_packed_linear_takes_the_grid_for_few_rows_only(monkeypatch):
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 70])  # partial and several 16-row blocks, > 64 rows
+def test_grid_tiles_give_the_float32_kernels_results_bit_for_bit(kind, rows):
+    rng = np.random.default_rng(rows)
+    weight = _gguf_roundtrip((rng.standard_normal((37, 96)) * 0.05).astype(np.float32), kind)
+    grid = grid_weights.find_grid(weight)
+    gen = torch.Generator().manual_seed(rows)
+    bias, x = torch.randn(37, generator=gen), torch.randn(rows, 96, generator=gen)
+    dense = cpu_native.pack_linear(weight)
+    for b in (None, bias):
+        got = cpu_native.linear_grid(x, grid.tiles, grid.bits, 37, b)
+        assert _same_bits(got, cpu_native.linear(x, dense, 37, b))  # same weights, same summation order
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        cpu_native.linear_grid(torch.zeros(2, 64), grid.tiles, grid.bits, 37, None)  # another width
+
+
+def test_packed_linear_reads_the_grid_codes_up_to_64_rows(monkeypatch):
     rng = np.random.default_rng(3)
     weight = _gguf_roundtrip((rng.standard_normal((48, 64)) * 0.05).astype(np.float32), "Q4_1")
     layer = PackedLinear(weight, None)
-    assert layer.grid is not None
+    assert layer.grid is not None and layer.native is None  # the codes instead of the float32 tiles
     calls = []
-    real = cpu_native.grid_linear
-    monkeypatch.setattr(cpu_native, "grid_linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    for rows in (1, GRID_MAX_ROWS, GRID_MAX_ROWS + 1, 40):
+    for name in ("grid_linear_strips", "linear_grid"):
+        real = getattr(cpu_native, name)
+        monkeypatch.setattr(cpu_native, name, lambda *a, real=real, name=name: calls.append((name, a[0].shape[0]))
+                            or real(*a))
+    for rows in (1, GRID_STRIP_MAX_ROWS, GRID_STRIP_MAX_ROWS + 1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
-    assert calls == [1, GRID_MAX_ROWS]
+    assert calls == [("grid_linear_strips", 1), ("grid_linear_strips", GRID_STRIP_MAX_ROWS),
+                     ("linear_grid", GRID_STRIP_MAX_ROWS + 1), ("linear_grid", NATIVE_MAX_ROWS)]
     monkeypatch.setenv("KVSERVE_CPU_GRID", "0")
-    assert PackedLinear(weight, None).grid is None
+    plain = PackedLinear(weight, None)
+    assert plain.grid is None and plain.native is not None
