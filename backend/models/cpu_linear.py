@@ -16,7 +16,7 @@ twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
 
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
-tiles, a fifth of the bytes, and the decode-sized steps read those: up to 6 rows
+tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 6 rows
 kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4),
 then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
 32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.

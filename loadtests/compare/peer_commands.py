@@ -96,7 +96,7 @@ def standard_workloads(concurrencies: tuple[int, ...] = (1, 16, 64), scale: floa
 @dataclass(frozen=True, slots=True)
 class Settings:
     hf_model: Path  # HF folder: kvserve and vLLM serve it; both clients tokenize with it
-    gguf_model: Path  # llama-server serves this file
+    gguf_model: Path | None  # llama-server serves this file (None: llama.cpp not run)
     kvserve_model: Path | None = None  # what kvserve serves, when not hf_model (its GGUF loading, say)
     served_name: str = "smollm2"
     threads: int = 2  # compute threads each server may use

@@ -126,7 +126,7 @@ def validate(args: argparse.Namespace) -> list[Workload]:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
-        hf_model=args.hf_model.resolve(), gguf_model=(args.gguf or Path("")).resolve(),
+        hf_model=args.hf_model.resolve(), gguf_model=args.gguf.resolve() if args.gguf else None,
         kvserve_model=args.kvserve_model.resolve() if args.kvserve_model else None,
         served_name=args.served_model_name, threads=args.threads, vllm_kvcache_gib=args.vllm_kvcache_gib,
         vllm_omp_bind=args.vllm_omp_threads_bind, vllm_reserved_cpus=args.vllm_reserved_cpus,
