@@ -18,8 +18,9 @@
  *   codes then their constants, so a step reads one stream in memory order, prefetched ahead;
  * - each (output, row) sums in one vector, reduced at the end of the strip.
  *
- * It suits few rows: the codes are expanded once per row pass, which at 16 rows costs more than
- * reading float32 (cpu_linear.c's kernel is then faster). Threads split the strips. Without
+ * It suits few rows: the codes are expanded once per pass of 4 rows, and from 7 rows on
+ * cpu_linear.c's tiles over the same codes, which expand them once for 16 rows, are faster
+ * (backend/models/cpu_linear.py switches there). Threads split the strips. Without
  * AVX-512 the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
 

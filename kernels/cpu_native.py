@@ -345,7 +345,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
 
 
 def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
-                bias: torch.Tensor | None) -> torch.Tensor | None:
+                       bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
     `bits`-bit codes, plus bias; None if the kernel declines (no AVX-512: the caller's other path runs)."""
     lib = _library()

@@ -61,7 +61,7 @@ class PackedLinear(nn.Module):
         out = None
         if self.grid is not None and rows <= GRID_STRIP_MAX_ROWS:
             out = cpu_native.grid_linear_strips(x, self.grid.strips, self.grid.bits, self.out_features, self.bias)
-        elif self.grid is not None and rows <= NATIVE_MAX_ROWS:
+        elif self.grid is not None and self.grid.tiles is not None and rows <= NATIVE_MAX_ROWS:
             out = cpu_native.linear_grid(x, self.grid.tiles, self.grid.bits, self.out_features, self.bias)
         elif self.native is not None and rows <= NATIVE_MAX_ROWS:
             out = cpu_native.linear(x, self.native, self.out_features, self.bias)
