@@ -2,15 +2,16 @@
 
 A checkpoint quantized by llama.cpp and loaded as float32 (gguf_checkpoint.py dequantizes
 it with the `gguf` package) holds values on a grid per block of 32 inputs: Q4_1's
-d * q + m (q in 0..15) and Q8_0's d * q (q in -127..127), d and m float16. Those
+d * q + m (q in 0..15), and Q8_0's, Q4_0's and Q5_0's d * q (q in -127..127, -8..7,
+-16..15; the 4- and 5-bit ones are kept as 8-bit codes here), d and m float16. Those
 codes say exactly what the float32 values say in a fifth of the bytes, and a decode
 step at a few rows is bound by the bytes it reads; kernels/cpu_grid_linear.c expands
 them in registers.
 
 `find_grid` is not a quantizer: it keeps a weight only if every value reproduces bit for
 bit from its codes, computed as numpy does it (d * q, then + m), and returns None
-otherwise (random or trained float32 weights, other GGUF types). It tries float16 steps
-near (max - min) / 15 and max|w| / 127 per block; a first sample of rows rejects a weight
+otherwise (random or trained float32 weights, the other GGUF types). It tries float16
+steps near (max - min) / 15, and max|w| / 127, / 8 and / 16, per block; a first sample of rows rejects a weight
 that is not on a grid before the whole is checked.
 """
 from __future__ import annotations
@@ -65,13 +66,21 @@ def _affine4(blocks: torch.Tensor):
     return None
 
 
+# The largest code magnitude of each symmetric GGUF type: Q8_0 (q in -127..127), Q4_0 (-8..7),
+# Q5_0 (-16..15); the quantizers give it to the block's largest value, so max|w| / it is |d|.
+_SYMMETRIC_TOPS = (127, 8, 16)
+
+
 def _symmetric8(blocks: torch.Tensor):
-    """(codes int8 [N, G, 32], d [N, G]) if every block is d * q with q in -127..127, else None."""
+    """(codes int8 [N, G, 32], d [N, G]) if every block is d * q with q in -127..127, else None
+    (Q4_0 and Q5_0 blocks too: their d * (q - 8) and d * (q - 16) are such products)."""
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     found = torch.zeros_like(amax, dtype=torch.bool)
     step, codes = torch.zeros_like(amax), torch.zeros_like(blocks, dtype=torch.int8)
-    for d in _steps(amax / 127):
-        q = torch.where(d > 0, blocks / d, 0.0).round_().clamp_(-127, 127)
+    # Both signs of each step: numpy's d * q keeps the sign of d on a zero code (-0.0 where d < 0),
+    # and the kernel computes the same product from an integer code.
+    for d in (sign * d for top in _SYMMETRIC_TOPS for d in _steps(amax / top) for sign in (1, -1)):
+        q = torch.where(d != 0, blocks / d, 0.0).round_().clamp_(-127, 127).to(torch.int8).float()
         ok = _same_bits(q * d, blocks) & ~found
         step = torch.where(ok, d, step)
         codes = torch.where(ok, q.to(torch.int8), codes)
@@ -118,11 +127,12 @@ def find_grid(weight: torch.Tensor) -> GridWeight | None:
     bits: tuple[int, ...] = (4, 8)
     if n > _SAMPLE_ROWS:
         # Most weights are on no grid: say so after a sample, not the whole; and check the whole
-        # only for the grid the sample is on.
+        # for the grid the sample is on first. (A Q4_0 block whose codes reach both 0 and 15 is
+        # on the 4-bit grid too, but its weight's other blocks may not be: then the 8-bit one.)
         sample = _encode(blocks[:_SAMPLE_ROWS])
         if sample is None:
             return None
-        bits = (sample[0],)
+        bits = (sample[0], *(b for b in bits if b != sample[0]))
     encoded = _encode(blocks, bits)
     if encoded is None:
         return None

@@ -30,7 +30,8 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool((a.contiguous().view(torch.int32) == b.contiguous().view(torch.int32)).all())
 
 
-@pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q8_0", 8)])
+# Q4_0's and Q5_0's d * q blocks go to 8-bit codes unless every block's codes span 0..15
+@pytest.mark.parametrize("kind,bits", [("Q4_1", 4), ("Q8_0", 8), ("Q4_0", 8), ("Q5_0", 8)])
 @pytest.mark.parametrize("out_features", [37, 130])  # a partial last strip; more rows than the sample
 def test_a_gguf_weight_is_found_on_its_grid_and_given_back_bit_for_bit(kind, bits, out_features):
     rng = np.random.default_rng(out_features)
@@ -40,6 +41,12 @@ def test_a_gguf_weight_is_found_on_its_grid_and_given_back_bit_for_bit(kind, bit
     assert _same_bits(grid_weights.dequantize(grid), weight)
     # The Q4 codes plus constants are 6 bits a value, the Q8 ones 9: against float32's 32.
     assert grid.strips.numel() <= weight.numel() * (0.75 if bits == 4 else 1.125) + 4 * 96 * 2
+
+
+def test_types_off_the_grids_are_declined():
+    rng = np.random.default_rng(4)
+    weight = (rng.standard_normal((100, 64)) * 0.05).astype(np.float32)
+    assert grid_weights.find_grid(_gguf_roundtrip(weight, "Q5_1")) is None  # d * q + m with 5-bit q
 
 
 def test_weights_on_no_grid_are_declined():
@@ -53,7 +60,7 @@ def test_weights_on_no_grid_are_declined():
     assert grid_weights.find_grid(weight) is None
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 9])  # row passes of 4 and partial ones
 def test_grid_kernel_is_the_product_with_the_exact_weights(kind, rows):
     rng = np.random.default_rng(rows)
@@ -67,10 +74,11 @@ def test_grid_kernel_is_the_product_with_the_exact_weights(kind, rows):
         got = cpu_native.grid_linear_strips(x, grid.strips, grid.bits, 37, b)
         want = (x.double() @ weight.double().T + (0 if b is None else b.double())).float()
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # One-hot rows read single weights out: the values the kernel multiplies are the float32 ones.
+    # One-hot rows read single weights out: the values the kernel multiplies are the float32 ones
+    # (compared as values: a sum that starts at +0 returns a -0.0 weight as +0.0).
     eye = torch.eye(64)[:rows * 7:7]
     got = cpu_native.grid_linear_strips(eye, grid.strips, grid.bits, 37, None)
-    assert _same_bits(got, weight[:, :rows * 7:7].T)
+    assert torch.equal(got, weight[:, :rows * 7:7].T)
 
 
 def test_grid_kernel_declines_what_it_does_not_serve():
