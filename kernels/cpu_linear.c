@@ -208,13 +208,11 @@ int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k
     return linear(x, x_stride, m, k, packed, W_I8, scales, NULL, n, bias, out, out_stride, num_threads);
 }
 
-/* int4 codes q [n][k] (0..15, int32) with scale and zero [n][k/32] -> packed [ceil(n/16)][k][8 bytes]
- * (byte j of a k: outputs 2j in the low nibble, 2j + 1 in the high one) and tile-major scales and
- * zeros [ceil(n/16)][k/32][16]; zero past n (those outputs compute 0 and are never stored). */
-void kvserve_pack_linear_i4(const int32_t *codes, const float *scale, const float *zero, int64_t n, int64_t k,
-                            uint8_t *packed, float *packed_scales, float *packed_zeros) {
+/* int4 codes q [n][k] (0..15, int32) -> packed [ceil(n/16)][k][8 bytes] (byte j of a k: outputs 2j
+ * in the low nibble, 2j + 1 in the high one), zero past n (those outputs compute 0 and are never
+ * stored). Their scales and zeros go tile-major, [ceil(n/16)][k/32][16] (kernels/cpu_native.py). */
+void kvserve_pack_linear_i4(const int32_t *codes, int64_t n, int64_t k, uint8_t *packed) {
     const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-    const int64_t groups = k / KVSERVE_LINEAR_I4_GROUP;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         uint8_t *dst = packed + t * k * (KVSERVE_LINEAR_TILE / 2);
@@ -225,38 +223,22 @@ void kvserve_pack_linear_i4(const int32_t *codes, const float *scale, const floa
                 const int hi = row + 1 < n ? codes[(row + 1) * k + kk] & 0x0F : 0;
                 dst[kk * (KVSERVE_LINEAR_TILE / 2) + j / 2] = (uint8_t)(lo | (hi << 4));
             }
-        for (int64_t g = 0; g < groups; g++)
-            for (int j = 0; j < KVSERVE_LINEAR_TILE; j++) {
-                const int64_t row = t * KVSERVE_LINEAR_TILE + j;
-                const int64_t at = (t * groups + g) * KVSERVE_LINEAR_TILE + j;
-                packed_scales[at] = row < n ? scale[row * groups + g] : 0.0f;
-                packed_zeros[at] = row < n ? zero[row * groups + g] : 0.0f;
-            }
     }
 }
 
-/* The same over packed int4 codes (k a multiple of 32). Activations stay float32. */
-int kvserve_linear_i4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
-                          const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
-                          int64_t out_stride, int num_threads) {
-    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
-    return linear(x, x_stride, m, k, packed, W_I4, scales, zeros, n, bias, out, out_stride, num_threads);
-}
-
-/* Grid codes of float32 weights (k a multiple of 32): 4-bit ones packed by kvserve_pack_linear_i4
- * (codes q, scale d, zero m: the value q * d + m), 8-bit ones by kvserve_pack_linear_i8 with
- * tile-major group steps [ceil(n/16)][k/32][16] (the value q * d). The weights the products use
- * are the float32 ones exactly, so the results are the float32 kernel's bit for bit. */
-int kvserve_linear_g4_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
-                          const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
-                          int64_t out_stride, int num_threads) {
-    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
-    return linear(x, x_stride, m, k, packed, W_G4, scales, zeros, n, bias, out, out_stride, num_threads);
-}
-
-int kvserve_linear_g8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
-                          const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
-                          int num_threads) {
-    if (k % KVSERVE_LINEAR_I4_GROUP) return 3;
-    return linear(x, x_stride, m, k, packed, W_G8, scales, NULL, n, bias, out, out_stride, num_threads);
+/* The same over codes with scales (and zeros) per group of 32 inputs, tile-major (k a multiple of
+ * 32), `format` one of:
+ * - W_I4 (2): int4 codes packed by kvserve_pack_linear_i4, value (q - 8) * scale + zero;
+ * - W_G4 (3): 4-bit grid codes of float32 weights, the same packing, value q * d + m;
+ * - W_G8 (4): 8-bit grid codes packed by kvserve_pack_linear_i8, value q * d (zeros NULL).
+ * The grid formats' weights are the float32 ones exactly, so their results are the float32
+ * kernel's bit for bit. Activations stay float32. Returns 3 for another format or width. */
+int kvserve_linear_grouped_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed,
+                               int format, const float *scales, const float *zeros, int64_t n, const float *bias,
+                               float *out, int64_t out_stride, int num_threads) {
+    if (k % KVSERVE_LINEAR_I4_GROUP || (format != W_I4 && format != W_G4 && format != W_G8)
+            || (format != W_G8 && !zeros))
+        return 3;
+    return linear(x, x_stride, m, k, packed, format, scales, format == W_G8 ? NULL : zeros, n, bias, out,
+                  out_stride, num_threads);
 }

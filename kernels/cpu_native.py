@@ -108,14 +108,10 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_pack_linear_i8.restype = None
     lib.kvserve_linear_i8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_linear_i8_f32.restype = ctypes.c_int
-    lib.kvserve_pack_linear_i4.argtypes = [p, p, p, i64, i64, p, p, p]
+    lib.kvserve_pack_linear_i4.argtypes = [p, i64, i64, p]
     lib.kvserve_pack_linear_i4.restype = None
-    lib.kvserve_linear_i4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
-    lib.kvserve_linear_i4_f32.restype = ctypes.c_int
-    lib.kvserve_linear_g4_f32.argtypes = [p, i64, i64, i64, p, p, p, i64, p, p, i64, ctypes.c_int]
-    lib.kvserve_linear_g4_f32.restype = ctypes.c_int
-    lib.kvserve_linear_g8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, ctypes.c_int]
-    lib.kvserve_linear_g8_f32.restype = ctypes.c_int
+    lib.kvserve_linear_grouped_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, p, p, i64, p, p, i64, ctypes.c_int]
+    lib.kvserve_linear_grouped_f32.restype = ctypes.c_int
     lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     return lib
@@ -273,10 +269,25 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 class Int4Weight(NamedTuple):
-    """`pack_linear_i4`'s result: the codes two per byte and the tile-major scales and zeros."""
+    """`pack_linear_i4`'s (and `pack_grid_tiles`') result: the codes and the tile-major scales and
+    zeros (empty for 8-bit grid codes)."""
     codes: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
+
+
+# cpu_linear.c's formats of codes with scales per group of 32 inputs (its W_I4, W_G4, W_G8).
+_W_I4, _W_G4, _W_G8 = 2, 3, 4
+
+
+def _tile_major(values: torch.Tensor) -> torch.Tensor:
+    """Per-output, per-group values [N, K / 32] -> [ceil(N/16)][K / 32][16], zero past N: one vector
+    of a tile's 16 outputs per group, as cpu_linear.c reads scales and zeros."""
+    n, groups = values.shape
+    tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
+    padded = torch.zeros(tiles * _LINEAR_TILE, groups)
+    padded[:n] = values
+    return padded.view(tiles, _LINEAR_TILE, groups).transpose(1, 2).contiguous().reshape(-1)
 
 
 def pack_linear_i4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Weight | None:
@@ -288,34 +299,41 @@ def pack_linear_i4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor)
     n, k = codes.shape
     tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
     codes = codes.detach().to(torch.int32).contiguous()
-    scale, zero = (v.detach().float().reshape(n, k // INT4_GROUP).contiguous() for v in (scale, zero))
-    groups = tiles * (k // INT4_GROUP) * _LINEAR_TILE
-    out = Int4Weight(torch.empty(tiles * _LINEAR_TILE * k // 2, dtype=torch.uint8), torch.empty(groups),
-                     torch.empty(groups))
-    _library().kvserve_pack_linear_i4(codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), n, k, out.codes.data_ptr(),
-                                      out.scales.data_ptr(), out.zeros.data_ptr())
-    return out
+    packed = torch.empty(tiles * _LINEAR_TILE * k // 2, dtype=torch.uint8)
+    _library().kvserve_pack_linear_i4(codes.data_ptr(), n, k, packed.data_ptr())
+    scale, zero = (_tile_major(v.detach().float().reshape(n, k // INT4_GROUP)) for v in (scale, zero))
+    return Int4Weight(packed, scale, zero)
 
 
-def linear_i4(x: torch.Tensor, weight: Int4Weight, out_features: int, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x [M, K] (float32 rows, unit column stride) times a `pack_linear_i4` weight, plus bias; None if
-    the kernel declines."""
+def _linear_grouped(x: torch.Tensor, weight: Int4Weight, fmt: int, out_features: int,
+                    bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times packed codes of cpu_linear.c's format `fmt`
+    with tile-major group scales, plus bias; None if the kernel declines."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None
     rows, k = x.shape
     tiles = (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE
-    if (k % INT4_GROUP or weight.codes.numel() != tiles * _LINEAR_TILE * k // 2
-            or weight.scales.numel() != tiles * (k // INT4_GROUP) * _LINEAR_TILE
+    groups = tiles * (k // INT4_GROUP) * _LINEAR_TILE
+    code_bytes = tiles * _LINEAR_TILE * k // (1 if fmt == _W_G8 else 2)
+    if (k % INT4_GROUP or weight.codes.numel() * weight.codes.element_size() != code_bytes
+            or weight.scales.numel() != groups or weight.zeros.numel() != (0 if fmt == _W_G8 else groups)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
                                       or bias.numel() != out_features))):
-        raise ValueError("native int4 linear: the input width, packed weight and bias do not agree")
+        raise ValueError("native grouped linear: the input width, packed weight and bias do not agree")
     out = torch.empty(rows, out_features)
-    status = lib.kvserve_linear_i4_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
-                                       weight.scales.data_ptr(), weight.zeros.data_ptr(), out_features,
-                                       None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
-                                       torch.get_num_threads())
+    status = lib.kvserve_linear_grouped_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(), fmt,
+                                            weight.scales.data_ptr(),
+                                            weight.zeros.data_ptr() if weight.zeros.numel() else None, out_features,
+                                            None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
+                                            torch.get_num_threads())
     return None if status else out
+
+
+def linear_i4(x: torch.Tensor, weight: Int4Weight, out_features: int, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [M, K] (float32 rows, unit column stride) times a `pack_linear_i4` weight, plus bias; None if
+    the kernel declines."""
+    return _linear_grouped(x, weight, _W_I4, out_features, bias)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
@@ -373,39 +391,13 @@ def pack_grid_tiles(codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor |
     if low is not None:
         return pack_linear_i4(codes, step, low)
     packed = pack_linear(codes)
-    if packed is None:
-        return None
-    n, groups = step.shape
-    tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
-    padded = torch.zeros(tiles * _LINEAR_TILE, groups)
-    padded[:n] = step
-    steps = padded.view(tiles, _LINEAR_TILE, groups).transpose(1, 2).contiguous().reshape(-1)
-    return Int4Weight(packed, steps, torch.empty(0))
+    return None if packed is None else Int4Weight(packed, _tile_major(step.float()), torch.empty(0))
 
 
 def linear_grid(x: torch.Tensor, weight: Int4Weight, bits: int, out_features: int,
                 bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a `pack_grid_tiles` weight of `bits`-bit
     codes, plus bias: the float32 kernel's result bit for bit. None if the kernel declines."""
-    lib = _library()
-    if lib is None or not _rows_ok(x):
-        return None
-    rows, k = x.shape
-    tiles = (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE
-    code_bytes = tiles * _LINEAR_TILE * k // (2 if bits == 4 else 1)
-    if (bits not in (4, 8) or k % INT4_GROUP or weight.codes.numel() * weight.codes.element_size() != code_bytes
-            or weight.scales.numel() != tiles * (k // INT4_GROUP) * _LINEAR_TILE
-            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
-                                      or bias.numel() != out_features))):
-        raise ValueError("native grid linear: the input width, packed weight and bias do not agree")
-    out = torch.empty(rows, out_features)
-    bias_ptr = None if bias is None else bias.data_ptr()
-    if bits == 4:
-        status = lib.kvserve_linear_g4_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
-                                           weight.scales.data_ptr(), weight.zeros.data_ptr(), out_features, bias_ptr,
-                                           out.data_ptr(), out_features, torch.get_num_threads())
-    else:
-        status = lib.kvserve_linear_g8_f32(x.data_ptr(), x.stride(0), rows, k, weight.codes.data_ptr(),
-                                           weight.scales.data_ptr(), out_features, bias_ptr, out.data_ptr(),
-                                           out_features, torch.get_num_threads())
-    return None if status else out
+    if bits not in (4, 8):
+        raise ValueError(f"native grid linear: {bits}-bit codes are not a grid format (4 or 8)")
+    return _linear_grouped(x, weight, _W_G4 if bits == 4 else _W_G8, out_features, bias)
