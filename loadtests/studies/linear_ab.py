@@ -43,7 +43,8 @@ def _on_grids(weights):
         moved = []
         for w in layer:
             n, k = w.shape
-            d = (torch.rand(n, k // 32, 1, generator=g) * 0.01).half().float()
+            # Steps away from 0: a zero step would give -0.0 for negative codes, which no grid holds.
+            d = (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 1e-4).half().float()
             if i < len(weights) - 1:
                 m = (-torch.rand(n, k // 32, 1, generator=g) * 0.08).half().float()
                 q = torch.randint(0, 16, (n, k // 32, 32), generator=g).float()
