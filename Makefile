@@ -10,9 +10,9 @@ $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 
 setup: $(BIN)/activate
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints-cpu.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[test]'
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -c constraints-cpu.txt torch==2.13.0
+	$(BIN)/pip install -qq -c constraints-cpu.txt -e '.[test]'
 
 test: setup
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)

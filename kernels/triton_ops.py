@@ -1,6 +1,6 @@
 """`TritonOps`: the decoder's hot-path operations through the Triton kernels.
 
-Same methods and results as `kvserve.backend.ops.TorchOps`, so the model never
+Same methods and results as `kvserve.backend.worker.ops.TorchOps`, so the model never
 knows which one it runs. Attention reads the sizes it needs for the launch
 grid (`max_seq_len`, `max_query_len`) from the batch metadata instead of
 syncing with the device.

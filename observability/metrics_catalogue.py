@@ -96,7 +96,7 @@ REQUEST_QUEUE_TIME = MetricSpec("kvserve:request_queue_time_seconds", H,
                                 "Time spent waiting before first scheduled, in seconds.",
                                 buckets=REQUEST_LATENCY_BUCKETS)
 
-# --- the embed model (beside the catalogue; backend/embed_telemetry.py) ---
+# --- the embed model (beside the catalogue; backend/embed/embed_telemetry.py) ---
 EMBEDDING_BATCH_SIZE = MetricSpec("kvserve:embedding_batch_size", H,
                                   "Inputs packed into one embedding forward pass.", buckets=BATCH_SIZE_BUCKETS)
 EMBEDDING_BATCH_TOKENS = MetricSpec("kvserve:embedding_batch_tokens", H,
@@ -113,7 +113,7 @@ HTTP_STREAMS_IN_FLIGHT = MetricSpec(
     "SSE responses currently open; a streamed request opens its response with its first token "
     "(until then it waits in the engine's queue: see num_requests_waiting).")
 
-# --- gateway router (only when it balances several replicas; frontend/replicas/replica_set.py) ---
+# --- gateway router (only when it balances several replicas; frontend/backend_client/replicas/replica_set.py) ---
 ROUTER_REQUESTS = MetricSpec("kvserve:router_requests_total", C,
                              "Backend requests routed, by replica and decision (affinity, least_loaded, retry).",
                              labels=("replica", "decision"))

@@ -1,6 +1,6 @@
 """kvserve.seam: the facts both sides of the gRPC seam must agree on, written once.
 
-The gateway (kvserve.frontend), the model adapter (kvserve.backend.triton_model,
+The gateway (kvserve.frontend), the model adapter (kvserve.backend.triton.triton_model,
 which model.py runs inside a real tritonserver) and config.pbtxt all read them
 from here; tests/contract/ checks that they agree. A leaf: only the standard
 library, so the gateway can import it without pulling in the engine (torch).

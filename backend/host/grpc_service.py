@@ -20,7 +20,7 @@ from .host_metrics import HostMetrics
 from tritonclient.grpc import model_config_pb2 as mc
 from .pb_utils.dtypes import CONFIG_TO_WIRE
 from .pb_utils.triton_errors import TritonError
-from .pb_utils.request import new_server_request
+from .pb_utils.inference_request import new_server_request
 from .repository import ModelRepository, parse_version
 from .request_handle import Delivery, RequestHandle
 from .raw_requests import DecodeError, parse_message

@@ -26,7 +26,7 @@ from .infer_errors import InferError
 from .loop_handoff import handoff_for
 from .host_metrics import HostMetrics
 from .pb_utils.triton_errors import TritonError
-from .pb_utils.request import new_server_request
+from .pb_utils.inference_request import new_server_request
 from .repository import ModelRepository
 from .request_handle import Delivery, RequestHandle
 from .raw_requests import DecodeError, parse_message

@@ -24,7 +24,7 @@ from .repository import ModelRepository
 
 _LOG = logging.getLogger("kvserve.host")
 # Clients may ping an idle connection this often. The gateway pings every 10 s, calls or
-# not, to notice a dead backend (frontend/triton_client.py); gRPC servers by default take a
+# not, to notice a dead backend (frontend/backend_client/triton_client.py); gRPC servers by default take a
 # ping without data only every 5 minutes and close the connection (GOAWAY too_many_pings)
 # after a few early ones, so an idle gateway logged an error and reconnected every ~30 s.
 # tritonserver needs the same on its command line (README, deploy/).

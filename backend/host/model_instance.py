@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import pb_utils
 from .pb_utils.host_hooks import set_thread_model_dir
-from .pb_utils.request import InferenceRequest
+from .pb_utils.inference_request import InferenceRequest
 from .pb_utils.response import InferenceResponse
 
 if TYPE_CHECKING:

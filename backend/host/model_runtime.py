@@ -25,7 +25,7 @@ from .model_config import (
 )
 from .model_instance import ModelInstance, describe, import_model_module
 from .pb_utils.triton_errors import TritonError
-from .pb_utils.request import InferenceRequest
+from .pb_utils.inference_request import InferenceRequest
 from .request_handle import RequestHandle
 
 _LOG = logging.getLogger("kvserve.host")

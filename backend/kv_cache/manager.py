@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.kv_cache.block_hash import extend_hash_chain
 from kvserve.backend.kv_cache.block_pool import BlockPool, KVBlock
-from kvserve.backend.request import Request
+from kvserve.backend.engine import Request
 
 
 @dataclass(slots=True)

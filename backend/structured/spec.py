@@ -26,7 +26,7 @@ MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar in its canonical text
 MAX_CHOICES = 1024
 MAX_SCHEMA_DEPTH = 32
 
-# Keywords xgrammar enforces (checked against its matcher: tests/engine/test_structured.py) ...
+# Keywords xgrammar enforces (checked against its matcher: tests/backend/structured/test_structured.py) ...
 _ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
     "maxItems", "enum", "const", "pattern", "minLength", "maxLength", "minimum", "maximum",

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import aiohttp
 
-from kvserve.frontend.host_process import free_port
+from kvserve.frontend.cli.host_process import free_port
 from kvserve.loadtests.bench.report import write_json
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / "backend" / "data" / "corpus.txt"
+CORPUS = REPO / "backend" / "models" / "corpus.txt"
 SERVERS = ("kvserve", "naive", "vllm")
 
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
-        from kvserve.frontend.default_model import ensure_known_model
+        from kvserve.frontend.cli.default_model import ensure_known_model
         model_dir = str(ensure_known_model("all-MiniLM-L6-v2"))
     servers = [s for s in args.servers.split(",") if s]
     if "vllm" in servers and not args.vllm:

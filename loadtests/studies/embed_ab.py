@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from kvserve.frontend.host_process import free_port
+from kvserve.frontend.cli.host_process import free_port
 from kvserve.loadtests.bench.report import write_json
 from kvserve.loadtests.compare.embed_bench import _command, _wait_http, bench_texts, run_point
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
-        from kvserve.frontend.default_model import ensure_known_model
+        from kvserve.frontend.cli.default_model import ensure_known_model
         model_dir = str(ensure_known_model("all-MiniLM-L6-v2"))
     settings = {"a": parse_settings(args.a), "b": parse_settings(args.b)}
     levels = [int(c) for c in args.concurrency.split(",")]

@@ -15,9 +15,9 @@ import random
 import statistics
 
 from kvserve.backend.kv_cache.manager import KVCacheManager
-from kvserve.backend.request import Request, RequestStatus
-from kvserve.backend.sampling_params import SamplingParams
-from kvserve.backend.scheduler import Scheduler
+from kvserve.backend.engine.request import Request, RequestStatus
+from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.engine.scheduler import Scheduler
 
 
 def _lognormal_int(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kvserve.backend import LLM, SamplingParams
-from kvserve.backend.model_runner import AttentionMetadata
+from kvserve.backend.worker.model_runner import AttentionMetadata
 
 PROMPTS = [
     "What is the capital of France?",
@@ -41,7 +41,7 @@ PROMPTS = [
     "SELECT name, COUNT(*) FROM orders",
     "A haiku about autumn leaves:",
 ]
-_DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "backend" / "data" / "corpus.txt"
+_DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "backend" / "models" / "corpus.txt"
 
 
 def greedy_tokens(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kvserve.frontend.host_process import HostAddress, HostProcess, free_port, host_command
+from kvserve.frontend.cli.host_process import HostAddress, HostProcess, free_port, host_command
 from kvserve.loadtests.bench.bench_once import bench_once
 from kvserve.loadtests.compare.compare_model import ensure_bench_model
 from kvserve.loadtests.bench.report import write_json

@@ -100,8 +100,8 @@ def serving(url: str, rounds: int, max_tokens: int) -> dict:
 def compile_times(model: str | None, repeats: int) -> dict:
     from kvserve.backend.structured.compiler import GrammarCompiler
     from kvserve.backend.structured.spec import parse_spec
-    from kvserve.backend.engine_tokenizer import load_engine_tokenizer
-    from kvserve.frontend.default_model import resolve_model
+    from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
+    from kvserve.frontend.cli.default_model import resolve_model
 
     tokenizer = load_engine_tokenizer(resolve_model(model))
     vocab = tokenizer.vocab_size
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             url = args.base_url
             if url is None:
-                from kvserve.frontend.default_model import resolve_model
+                from kvserve.frontend.cli.default_model import resolve_model
                 url = stack.enter_context(ServeProcess(str(resolve_model(args.model)),
                                                        ["--max-num-seqs", str(STREAMS)])).base_url
             doc["serving"] = serving(url, args.rounds, args.max_tokens)

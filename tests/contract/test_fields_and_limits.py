@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from kvserve.backend.config import EngineConfig
-from kvserve.backend.sampling_params import SamplingParams
-from kvserve.frontend.api_requests import parse_chat, parse_completion
-from kvserve.frontend.engine_flags import ENGINE_FLAGS
+from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
+from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS
 from kvserve.seam import limits as L
 from kvserve.seam import tensors as T
 from tests.contract.import_graph import ROOT
@@ -21,7 +21,7 @@ _FULL_BODY = {
     "skip_special_tokens": False, "cache_salt": "s", "timeout": 5.0,
 }
 # Flags that travel to the backend process but configure the process, not the engine.
-_PROCESS_SETTINGS = {"otlp_traces_endpoint": "backend/triton_model.py", "log_format": "observability/logging.py",
+_PROCESS_SETTINGS = {"otlp_traces_endpoint": "backend/triton/triton_model.py", "log_format": "observability/logging.py",
                      "log_requests": "observability/logging.py"}
 
 

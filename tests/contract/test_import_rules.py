@@ -22,7 +22,7 @@ def test_the_gateway_never_imports_the_engine(path) -> None:
     assert not bad, f"{path.name} reaches the engine: {bad}"
 
 
-@pytest.mark.parametrize("path", [ROOT / "backend/scheduler.py", *python_files("backend/kv_cache")],
+@pytest.mark.parametrize("path", [ROOT / "backend/engine/scheduler.py", *python_files("backend/kv_cache")],
                          ids=lambda p: p.name)
 def test_scheduler_and_kv_manager_import_no_torch(path) -> None:
     reached = transitive_imports(path)

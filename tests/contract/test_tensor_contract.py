@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from kvserve.backend import model_tensors as backend_codec
-from kvserve.backend.config import EngineConfig
-from kvserve.backend.outputs import CompletionOutput, TokenLogprob
-from kvserve.frontend import grpc_codec as gateway_codec
-from kvserve.frontend.protocol import GenerateRequest
+from kvserve.backend.triton import model_tensors as backend_codec
+from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.engine.outputs import CompletionOutput, TokenLogprob
+from kvserve.frontend.backend_client import grpc_codec as gateway_codec
+from kvserve.frontend.openai.protocol import GenerateRequest
 from kvserve.seam import tensors as T
 from tests.contract.import_graph import ROOT
 

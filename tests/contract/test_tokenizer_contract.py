@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from kvserve.backend.engine_tokenizer import load_engine_tokenizer
+from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
 from kvserve.seam.tokenizer import ModelTokenizer
 
 

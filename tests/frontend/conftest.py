@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from gw_fakes import FakeBackend, GatewayServer, make_tokenizer_dir
-from kvserve.frontend.gateway_config import GatewayConfig
+from kvserve.frontend.http.gateway_config import GatewayConfig
 
 API_KEY = "sk-test-key"
 

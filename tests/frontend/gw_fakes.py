@@ -13,8 +13,8 @@ from typing import AsyncIterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from kvserve.frontend.app import build_app, start_app
-from kvserve.frontend.protocol import (
+from kvserve.frontend.http.app import build_app, start_app
+from kvserve.frontend.openai.protocol import (
     BackendFailed,
     BackendRejected,
     BackendUnavailable,
@@ -23,8 +23,8 @@ from kvserve.frontend.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from kvserve.frontend.gateway import Gateway
-from kvserve.frontend.gateway_config import GatewayConfig
+from kvserve.frontend.http.gateway import Gateway
+from kvserve.frontend.http.gateway_config import GatewayConfig
 from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.seam.error_wire import ErrorKind
 

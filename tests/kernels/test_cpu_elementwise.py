@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernel_test_inputs import assert_close
-from kvserve.backend.ops import TorchOps
+from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 from kvserve.kernels.rms_norm import rms_norm_torch
 from kvserve.kernels.silu_and_mul import silu_and_mul_torch

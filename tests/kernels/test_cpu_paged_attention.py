@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_test_inputs import assert_close, make_paged_kv
 
-from kvserve.backend.ops import TorchOps
+from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch

@@ -8,7 +8,7 @@ import pytest
 import torch
 from kernel_test_inputs import assert_close, make_paged_kv
 
-from kvserve.backend.ops import TorchOps
+from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels.triton_ops import TritonOps
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from kvserve.loadtests import gpu_bundle
-from kvserve.loadtests.gpu_check import junit_summary, targets
+from kvserve.loadtests.gpu import gpu_bundle
+from kvserve.loadtests.gpu.gpu_check import junit_summary, targets
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
@@ -175,7 +175,7 @@ def test_script_parses():
 def test_cpu_dry_run_of_every_stage(tmp_path):
     """gpu_check.py's stages on their CPU fallbacks, a few kernel and parity tests, the smoke serving run."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "kvserve.loadtests.gpu_check", str(out), "--repo", str(REPO),
+    cmd = [sys.executable, "-m", "kvserve.loadtests.gpu.gpu_check", str(out), "--repo", str(REPO),
            "--work", str(tmp_path / "work"), "--cpu", "--pytest-k", "rms_norm or (logits and llama and float32)",
            "--budget", "kernel_tests=240", "parity=240", "kernel_bench=120", "serving=300"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -68,7 +68,7 @@ def test_backend_thread_binds_trace_id_from_traceparent(stream):
     def engine_thread() -> None:  # no current span here
         with request_context("req-7", traceparent=tp):
             get_logger("kvserve.backend").info("scheduled")
-            logging.getLogger("kvserve.backend.engine").info("finished")
+            logging.getLogger("kvserve.backend.engine.engine").info("finished")
 
     t = threading.Thread(target=engine_thread)
     t.start()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from kvserve.backend import LLM, SamplingParams
-from kvserve.frontend.chat_template import render_chat
-from tests.models.test_gguf_types import loaded_as_hf
+from kvserve.frontend.openai.chat_template import render_chat
+from tests.backend.models.test_gguf_types import loaded_as_hf
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -32,7 +32,7 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def prompts(real_model_path: str) -> list[list[int]]:
     from kvserve.backend.models.gguf_checkpoint import field_value, open_gguf
-    from kvserve.backend.engine_tokenizer import load_engine_tokenizer
+    from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
     template = field_value(open_gguf(real_model_path), "tokenizer.chat_template")
     tok = load_engine_tokenizer(real_model_path)
     texts = [render_chat(template, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])

@@ -19,9 +19,9 @@ import random
 import pytest
 import torch
 
-from kvserve.backend.config import EngineConfig
-from kvserve.backend.model_runner import ModelRunner
-from kvserve.backend.scheduler import ScheduledRequest, SchedulerOutput
+from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.worker.model_runner import ModelRunner
+from kvserve.backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tests.conftest import tiny_model
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
-from kvserve.frontend.protocol import BackendRejected, GenerateRequest
-from kvserve.frontend.triton_client import TritonBackendClient
+from kvserve.frontend.openai.protocol import BackendRejected, GenerateRequest
+from kvserve.frontend.backend_client.triton_client import TritonBackendClient
 from kvserve.seam.error_wire import ErrorKind
 from tests.conftest import MODEL_CACHE
 from tests.utils.processes import run_host

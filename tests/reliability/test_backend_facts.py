@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from kvserve.frontend.host_process import HostProcess, free_port, host_command
+from kvserve.frontend.cli.host_process import HostProcess, free_port, host_command
 from tests.conftest import tiny_model
 from tests.reliability.served import REPO, Served, start_served
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from kvserve.frontend import api_keys, middleware
+from kvserve.frontend.http import api_keys, middleware
 from tests.reliability.conftest import MAIN_KEY, TENANT_KEYS
 from tests.reliability.served import REPO, Served
 

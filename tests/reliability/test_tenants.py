@@ -18,8 +18,8 @@ import numpy as np
 
 import pytest
 
-from kvserve.frontend.api_keys import KeyFileError, load_api_keys, parse_keys_file
-from kvserve.frontend.cache_salt import effective_cache_salt
+from kvserve.frontend.http.api_keys import KeyFileError, load_api_keys, parse_keys_file
+from kvserve.frontend.http.cache_salt import effective_cache_salt
 from tests.reliability.conftest import MAIN_KEY
 from tests.reliability.served import Served
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvserve.frontend import triton_client
-from kvserve.frontend.host_policy import host_policy_from_args
-from kvserve.frontend.serve_cmd import build_parser
+from kvserve.frontend.backend_client import triton_client
+from kvserve.frontend.http.host_policy import host_policy_from_args
+from kvserve.frontend.cli.serve_cmd import build_parser
 from kvserve.observability import metrics_catalogue as m
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.frontend.protocol import BackendRejected, BackendUnavailable
-from kvserve.frontend.replicas.flags import build_backend, validate_replica_flags
-from kvserve.frontend.replicas.sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
-from kvserve.frontend.replicas.replica_set import ReplicaSet
-from kvserve.frontend.replicas.routing import RoutingPolicy, choose, rendezvous_order
-from kvserve.frontend.replicas.routing_key import PrefixKey
-from kvserve.frontend.serve_cmd import build_parser, plan_from_args
+from kvserve.frontend.openai.protocol import BackendRejected, BackendUnavailable
+from kvserve.frontend.backend_client.replicas.flags import build_backend, validate_replica_flags
+from kvserve.frontend.backend_client.replicas.sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
+from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet
+from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose, rendezvous_order
+from kvserve.frontend.backend_client.replicas.routing_key import PrefixKey
+from kvserve.frontend.cli.serve_cmd import build_parser, plan_from_args
 from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.triton_client import TritonBackendClient
+from kvserve.frontend.backend_client.triton_client import TritonBackendClient
 
 from scale_fakes import ScriptedReplica, drain, req
 

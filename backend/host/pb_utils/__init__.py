@@ -29,7 +29,7 @@ from .triton_errors import TritonError, TritonModelException
 from .host_hooks import get_model_dir, is_model_ready, load_model, unload_model
 from .logger import Logger
 from .metric_family import Metric, MetricFamily
-from .request import (
+from .inference_request import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_REQUEST_RELEASE_ALL,

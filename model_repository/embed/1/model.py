@@ -2,7 +2,7 @@
 
 Runs unchanged in NVIDIA's tritonserver (with kvserve installed in its Python)
 and in kvserve's embedded host: it uses only `triton_python_backend_utils` and
-hands everything to `kvserve.backend.embed_triton_model`.
+hands everything to `kvserve.backend.embed.embed_triton_model`.
 """
 import os
 
@@ -12,7 +12,7 @@ if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from kvserve.backend.embed_triton_model import TritonEmbedModel  # noqa: E402
+from kvserve.backend.embed import TritonEmbedModel  # noqa: E402
 
 
 class TritonPythonModel:

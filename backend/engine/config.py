@@ -1,0 +1,168 @@
+"""Engine configuration: one dataclass whose field names are the vLLM flags in snake case.
+
+The same names are `kvserve serve` flags, `LLM(...)` keyword arguments and
+`config.pbtxt` parameters, so a user migrating from `vllm serve` finds them where
+they expect them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_ATTENTION_BACKENDS = ("auto", "torch", "triton")
+_QUANTIZATION = ("none", "int8", "int4")  # = models/quantize.py's modes (that module needs torch)
+_DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class DebugConfig:
+    """The engine's test hooks, all off by default. As strings they are set by their own names,
+    like any engine argument (KVSERVE_FAULT_INJECTION_STEP, a config.pbtxt parameter), and in
+    Python as `EngineConfig(debug=DebugConfig(...))` or `LLM(..., debug=DebugConfig(...))`."""
+    # Raise inside the model forward at this step, once (reliability tests).
+    fault_injection_step: int | None = None
+    # Log when each request is first scheduled and when it is aborted or failed (reliability
+    # tests prove from it that a request dropped while queued never ran).
+    log_scheduling: bool = False
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = ""
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    # KV budget: an explicit block count wins, then bytes, then the GPU utilisation fraction.
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_waiting_requests: int | None = None
+    enable_prefix_caching: bool = True
+    # Streamed responses carry up to this many new tokens each (vLLM's --stream-interval):
+    # 1 sends every token at once; more means fewer responses for the serving path to carry.
+    # A choice's first token and its last are never held back.
+    stream_interval: int = 1
+    attention_backend: str = "auto"
+    # CUDA only: decode steps replay CUDA graphs captured at start-up unless this is set
+    # (vLLM's --enforce-eager); see backend/worker/cuda_graphs.py. CPU runs are eager regardless.
+    enforce_eager: bool = False
+    # Weight-only quantization of the linear layers on CPU (models/quantize.py): int8 per
+    # channel or int4 in groups of 32; activations run in bfloat16 through those layers.
+    quantization: str = "none"
+    seed: int = 0
+    num_threads: int | None = None  # CPU threads for the engine's torch ops; None: torch's default
+    # CPU cores the engine leaves to the serving path and the OS (vLLM's
+    # VLLM_CPU_NUM_OF_RESERVED_CPU); see backend/worker/cpu_threads.py.
+    cpu_reserved_cores: int = 0
+    # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model: a model directory is required")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in _DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.attention_backend not in _ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend: must be one of {_ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.quantization not in _QUANTIZATION:
+            raise ValueError(f"quantization: must be one of {_QUANTIZATION}, got {self.quantization!r}")
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"block_size: must be a power of two in [1, 128], got {self.block_size}")
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("stream_interval", self.stream_interval)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.num_threads is not None:
+            _positive("num_threads", self.num_threads)
+        if not isinstance(self.cpu_reserved_cores, int) or self.cpu_reserved_cores < 0:
+            raise ValueError(f"cpu_reserved_cores: must be an integer >= 0, got {self.cpu_reserved_cores!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks: need at least 2 (block 0 is the reserved null block)")
+        if self.kv_cache_memory is not None:
+            _positive("kv_cache_memory", self.kv_cache_memory)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization: must be in (0, 1]")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
+            raise ValueError("max_waiting_requests: must be >= 0")
+        path = Path(self.model)
+        if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
+            raise ValueError(f"model: {self.model!r} is neither a model folder nor a .gguf file")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+    @property
+    def default_kv_bytes(self) -> int:
+        return _DEFAULT_CPU_KV_BYTES
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The engine arguments proper: every field but the debug section."""
+        return [f.name for f in dataclasses.fields(cls) if f.name != "debug"]
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """Every name `from_strings` takes: the engine arguments, then the test hooks."""
+        return cls.field_names() + [f.name for f in dataclasses.fields(DebugConfig)]
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> "EngineConfig":
+        """Build from string values (config.pbtxt parameters, environment variables)."""
+        def parsed(fields: tuple[dataclasses.Field, ...]) -> dict[str, Any]:
+            return {f.name: _parse_value(f.name, str(f.type), values[f.name]) for f in fields if f.name in values}
+
+        kwargs = parsed(tuple(f for f in dataclasses.fields(cls) if f.name != "debug"))
+        return cls(**kwargs, debug=DebugConfig(**parsed(dataclasses.fields(DebugConfig))))
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _parse_value(name: str, type_name: str, raw: str) -> Any:
+    text = raw.strip()
+    if "None" in type_name and text.lower() in ("", "none", "null"):
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if type_name.startswith("int"):
+            return int(text)
+        if type_name.startswith("float"):
+            return float(text)
+        if type_name.startswith("dict"):
+            return json.loads(text)
+    except ValueError:
+        raise ValueError(f"{name}: cannot parse {raw!r} as {type_name}") from None
+    return text
+
+
+def env_overrides(prefix: str = "KVSERVE_") -> dict[str, str]:
+    """Engine arguments from the environment, e.g. KVSERVE_MAX_NUM_SEQS=8."""
+    out = {}
+    for name in EngineConfig.setting_names():
+        key = prefix + name.upper()
+        if key in os.environ:
+            out[name] = os.environ[key]
+    return out

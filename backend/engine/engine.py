@@ -1,0 +1,344 @@
+"""LLMEngine: one `step()` = schedule, run the model once, sample, detokenize, stop, free.
+
+A user request with n > 1 becomes n child sequences. They share the prompt's KV
+blocks through the prefix hash index (with caching off, a per-parent cache key
+lets only the siblings share).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvserve.backend.engine.admission import AdmittedPrompt, PromptLimits, admit
+from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.engine.detokenizer import IncrementalDetokenizer
+from kvserve.backend.kv_cache import KVCacheManager
+from kvserve.backend.worker import ModelRunner
+from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, TokenLogprob
+from kvserve.backend.engine.request import Request, RequestStatus
+from kvserve.backend.engine.sampler import Sampler, SamplingRow
+from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.engine.scheduler import Scheduler
+from kvserve.backend.structured import GrammarCompiler
+from kvserve.backend.structured import GrammarMatchers
+from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
+from kvserve.seam.error_wire import ErrorKind, invalid
+
+log = logging.getLogger("kvserve.engine")
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """Engine-side companions of one child Request."""
+    request: Request
+    parent_id: str
+    index: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    pending_text: str = ""
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    reported_finish: bool = False
+
+
+@dataclass(slots=True)
+class _Group:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[str]
+    traceparent: str | None = None
+    finished_children: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+    prefilled: bool = False  # its prompt tokens were counted (once per request, whatever n)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.tokenizer = load_engine_tokenizer(config.tokenizer or config.model)
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.arch.vocab_size
+        self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
+        self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.sampler = Sampler()
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.matchers = GrammarMatchers(self.vocab_size)
+        self.groups: dict[str, _Group] = {}
+        self.sequences: dict[str, _Sequence] = {}
+        # Token counters for metrics; the engine thread is the only writer.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        # Inter-token gaps since the last stats() (which hands them on).
+        self._inter_token_gaps: list[float] = []
+
+    # ---- admission -------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | AdmittedPrompt, params: SamplingParams,
+                    arrival_time: float | None = None, traceparent: str | None = None,
+                    compiled_grammar=None) -> None:
+        """A prompt not yet admitted (the offline LLM API) is admitted here; the AsyncEngine
+        admits off this thread and passes the `AdmittedPrompt`. Likewise `compiled_grammar`:
+        the AsyncEngine compiles off this thread; without it a constrained request is compiled here."""
+        if request_id in self.groups:
+            raise invalid("request_id", "a request with this id is already in flight")
+        if not isinstance(prompt, AdmittedPrompt):
+            prompt = admit(prompt, params, self.limits, self.tokenizer.encode)
+        ids = prompt.token_ids
+        if params.grammar is not None and compiled_grammar is None:
+            compiled_grammar = self.grammars.compile(params.grammar)
+        group = _Group(request_id, prompt.text, ids, params, [], traceparent=traceparent)
+        arrival = arrival_time or time.time()
+        if self.config.enable_prefix_caching:
+            cache_key = params.cache_salt or ""
+        else:
+            cache_key = f"siblings:{request_id}" if params.n > 1 else None
+        # Build every child before registering any: a failure half-way (e.g. a bad
+        # seed) must not leave orphan children in the scheduler, where they would
+        # break every later step (their group would be missing).
+        children: list[_Sequence] = []
+        for i in range(params.n):
+            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(child_id, ids, params, eos_token_ids=self.eos_token_ids, cache_key=cache_key)
+            req.times.arrival = arrival
+            generator = None
+            if params.seed is not None and not params.greedy:
+                generator = torch.Generator(device=self.runner.device).manual_seed(_torch_seed(params.seed + i))
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
+                                           params.skip_special_tokens)
+            children.append(_Sequence(req, request_id, i, detok, generator))
+        for seq in children:
+            if compiled_grammar is not None:
+                self.matchers.add(seq.request.request_id, compiled_grammar)
+            self.sequences[seq.request.request_id] = seq
+            group.children.append(seq.request.request_id)
+            self.scheduler.add_request(seq.request)
+        self.groups[request_id] = group
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final (aborted) output."""
+        return self._finish_group(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def fail(self, request_id: str, message: str, kind: ErrorKind = ErrorKind.INTERNAL,
+             param: str | None = None) -> RequestOutput | None:
+        out = self._finish_group(request_id, RequestStatus.FINISHED_ERROR)
+        if out is not None:
+            out.error, out.error_kind, out.error_param = message, kind, param
+        return out
+
+    def _finish_group(self, request_id: str, status: RequestStatus) -> RequestOutput | None:
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        outputs = []
+        for child_id in group.children:
+            seq = self.sequences[child_id]
+            if self.config.debug.log_scheduling and not seq.reported_finish:
+                state = "running" if seq.request.times.first_scheduled is not None else "never scheduled"
+                log.info("request %s ended (%s): %s", child_id, status.value, state)
+            if not seq.reported_finish:
+                self.scheduler.finish_request(child_id, status)
+                outputs.append(self._take_delta(seq, status.value))
+        cached = self._cached_tokens(group)
+        metrics = self._group_metrics(group)
+        self._drop_group(group)
+        return RequestOutput(request_id, group.prompt_token_ids, outputs, finished=True,
+                             num_cached_tokens=cached, prompt=group.prompt, metrics=metrics)
+
+    # ---- the step --------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self.groups)
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._expire_timeouts()
+        sched = self.scheduler.schedule()
+        if self.config.debug.log_scheduling:
+            for rid in sched.new_request_ids:
+                log.info("request %s scheduled", rid)
+        if sched.is_empty:
+            self.runner.update_block_tables(sched)  # it still forgets the finished ones
+            return outputs
+        logits, sample_ids = self.runner.execute(sched)
+        seqs = [self.sequences[rid] for rid in sample_ids]
+        sampled = []
+        if seqs:
+            rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
+                                s.generator, s.request.eos_token_ids) for s in seqs]
+            sampled = self.sampler(logits, rows, self.matchers.mask_for(sample_ids))
+        accepted: list[tuple[_Sequence, object]] = []
+        refused: list[str] = []
+        for seq, tok in zip(seqs, sampled):
+            if tok.token_id >= 0 and self.matchers.accept(seq.request.request_id, tok.token_id):
+                accepted.append((seq, tok))
+            else:
+                refused.append(seq.parent_id)  # the grammar allowed nothing (e.g. min_tokens banned its end)
+        self.scheduler.update_from_output(sched, {seq.request.request_id: tok.token_id for seq, tok in accepted})
+        if not seqs:
+            return outputs
+        now = time.time()
+        touched: dict[str, list[CompletionOutput]] = {}
+        for seq, tok in accepted:
+            rid = seq.request.request_id
+            finish = self._append_token(seq, tok, now)
+            if finish is None and self.matchers.is_terminated(rid):
+                finish = RequestStatus.FINISHED_STOPPED  # the grammar ended: nothing more may follow
+            if finish is not None:
+                self.scheduler.finish_request(rid, finish)
+                self.matchers.free(rid)
+            delta = self._take_delta(seq, finish.value if finish else None)
+            touched.setdefault(seq.parent_id, []).append(delta)
+        self.generation_tokens_total += len(sampled) - len(refused)
+        for parent_id in dict.fromkeys(refused):
+            touched.pop(parent_id, None)
+            out = self.fail(parent_id, "structured_outputs: the constraint allowed no token here "
+                                       "(min_tokens, logit_bias or ignore_eos conflict with it)",
+                            ErrorKind.INVALID, "structured_outputs")
+            if out is not None:
+                outputs.append(out)
+        for parent_id, deltas in touched.items():
+            group = self.groups[parent_id]
+            done = group.finished_children == len(group.children)
+            outputs.append(RequestOutput(parent_id, group.prompt_token_ids, deltas, finished=done,
+                                         num_cached_tokens=self._cached_tokens(group), prompt=group.prompt,
+                                         metrics=self._group_metrics(group) if done else None))
+            if done:
+                self._drop_group(group)
+        return outputs
+
+    def _count_prompt_tokens(self, seq: _Sequence) -> None:
+        # At the first token, not on arrival: a request aborted while it waited was never
+        # prefilled, and n > 1 samples share one prompt (as the response's usage counts it).
+        group = self.groups[seq.parent_id]
+        if not group.prefilled:
+            group.prefilled = True
+            self.prompt_tokens_total += len(group.prompt_token_ids)
+
+    def _append_token(self, seq: _Sequence, tok, now: float) -> RequestStatus | None:
+        """The scheduler has appended `tok` (update_from_output): time it, detokenize it, check stops."""
+        req, params = seq.request, seq.request.sampling_params
+        if req.times.first_token is None:
+            req.times.first_token = now
+            self._count_prompt_tokens(seq)
+        else:
+            self._inter_token_gaps.append(now - req.times.last_token)
+        req.times.last_token = now
+        seq.pending_ids.append(tok.token_id)
+        if tok.logprob is not None:
+            seq.pending_logprobs.append(TokenLogprob(tok.token_id, tok.logprob, tok.top_logprobs or []))
+        n_out = req.num_output_tokens
+        stop_token = n_out >= params.min_tokens and (
+            tok.token_id in params.stop_token_ids or (not params.ignore_eos and tok.token_id in req.eos_token_ids))
+        if stop_token:
+            req.stop_reason = tok.token_id if tok.token_id in params.stop_token_ids else None
+            # The stop token is in token_ids but, as in vLLM, not in the text.
+            if params.include_stop_str_in_output:
+                seq.pending_text += seq.detokenizer.add_tokens([tok.token_id], finished=True).text_delta
+            else:
+                seq.pending_text += seq.detokenizer.add_tokens([], finished=True).text_delta
+            return RequestStatus.FINISHED_STOPPED
+        length_done = (params.max_tokens is not None and n_out >= params.max_tokens) or \
+            req.num_tokens >= self.max_model_len
+        result = seq.detokenizer.add_tokens([tok.token_id], finished=length_done,
+                                            check_stop=n_out >= params.min_tokens)
+        seq.pending_text += result.text_delta
+        if result.stop_string is not None:
+            req.stop_reason = result.stop_string
+            return RequestStatus.FINISHED_STOPPED
+        if length_done:
+            if seq.detokenizer.has_held_text:
+                seq.pending_text += seq.detokenizer.add_tokens([], finished=True).text_delta
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _take_delta(self, seq: _Sequence, finish_reason: str | None) -> CompletionOutput:
+        params = seq.request.sampling_params
+        out = CompletionOutput(index=seq.index, text=seq.pending_text, token_ids=seq.pending_ids,
+                               finish_reason=finish_reason,
+                               stop_reason=seq.request.stop_reason if finish_reason else None,
+                               logprobs=seq.pending_logprobs if params.logprobs is not None else None)
+        seq.pending_text, seq.pending_ids, seq.pending_logprobs = "", [], []
+        if finish_reason is not None and not seq.reported_finish:
+            seq.reported_finish = True
+            group = self.groups[seq.parent_id]
+            group.finished_children += 1
+            group.finish_reasons.append(finish_reason)
+        return out
+
+    def _expire_timeouts(self) -> list[RequestOutput]:
+        now = time.time()
+        expired = [g.request_id for g in self.groups.values()
+                   if g.params.timeout is not None
+                   and now - self.sequences[g.children[0]].request.times.arrival > g.params.timeout]
+        outs = []
+        for rid in expired:
+            out = self.fail(rid, f"timeout: the request did not finish within {self.groups[rid].params.timeout} s",
+                            ErrorKind.TIMEOUT)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def _group_metrics(self, group: _Group) -> RequestMetrics:
+        reqs = [self.sequences[c].request for c in group.children]
+        first = reqs[0].times
+        scheduled = [r.times.first_scheduled for r in reqs if r.times.first_scheduled is not None]
+        tokens = [r.times.first_token for r in reqs if r.times.first_token is not None]
+        return RequestMetrics(
+            arrival=first.arrival, first_scheduled=min(scheduled) if scheduled else None,
+            first_token=min(tokens) if tokens else None,
+            finished=max((r.times.finished or time.time()) for r in reqs),
+            preemptions=sorted(t for r in reqs for t in r.times.preemptions),
+            num_prompt_tokens=len(group.prompt_token_ids),
+            num_generated_tokens=sum(r.num_output_tokens for r in reqs),
+            finish_reasons=list(group.finish_reasons), traceparent=group.traceparent)
+
+    def _cached_tokens(self, group: _Group) -> int:
+        return max(self.sequences[group.children[0]].request.num_cached_tokens, 0)
+
+    def _drop_group(self, group: _Group) -> None:
+        for child_id in group.children:
+            self.sequences.pop(child_id, None)
+            self.matchers.free(child_id)
+        self.groups.pop(group.request_id, None)
+
+    # ---- introspection for metrics, tests and the async wrapper ------------------------------
+    def stats(self) -> EngineStats:
+        """Now's gauges and totals, with the inter-token gaps since the previous call (engine thread)."""
+        gaps, self._inter_token_gaps = self._inter_token_gaps, []
+        return EngineStats(
+            num_requests_running=self.scheduler.num_running,
+            num_requests_waiting=self.scheduler.num_waiting,
+            kv_cache_usage_perc=self.kv.usage(),
+            num_free_blocks=self.kv.num_free_blocks,
+            num_usable_blocks=self.kv.num_usable_blocks,
+            num_preemptions_total=self.scheduler.num_preemptions_total,
+            prefix_cache_queries_total=self.kv.prefix_queries,
+            prefix_cache_hits_total=self.kv.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            num_grammar_matchers=len(self.matchers),
+            inter_token_gaps=tuple(gaps),
+        )
+
+    def recover_from_fault(self, message: str) -> list[RequestOutput]:
+        """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""
+        outs = [o for rid in list(self.groups) if (o := self.fail(rid, message)) is not None]
+        # Defensive: a scheduler entry without a sequence would fail every later step.
+        for rid in [r for r in self.scheduler.requests if r not in self.sequences]:
+            self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR)
+        self.kv.reset_prefix_cache()
+        self.runner.reset_block_tables()
+        return outs
+
+
+_SEED_SPAN = 2**64
+
+
+def _torch_seed(seed: int) -> int:
+    """torch seeds are 64-bit; seed + child index may pass 2**64 - 1, so wrap it."""
+    return seed - _SEED_SPAN if seed >= _SEED_SPAN else seed

@@ -1,0 +1,148 @@
+"""Sampling parameters of one request. Every bad value raises a ValueError (`RequestError`, from `invalid`) naming the field.
+
+The messages name the field and the rule, never the value: a direct gRPC client's error must not
+carry its own request's bytes back (reflected into a log viewer or a page, they are an injection).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvserve.backend.structured import GrammarSpec, parse_spec
+from kvserve.seam.error_wire import invalid
+from kvserve.seam.limits import (MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
+                                 MAX_TIMEOUT_S)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; k: sampled token plus the top k
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+    cache_salt: str | None = None
+    timeout: float | None = None  # seconds from arrival; the request ends with finish_reason "abort"
+    # vLLM's StructuredOutputsParams ({"json": schema} | {"regex": ...} | ...): see structured/spec.py
+    structured_outputs: dict[str, Any] | None = None
+    grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = {int(k): v for k, v in (self.logit_bias or {}).items()} if _is_int_keyed(
+            self.logit_bias) else self.logit_bias
+        self._validate()
+
+    def _validate(self) -> None:
+        _int_in("n", self.n, 1, MAX_N)
+        if self.max_tokens is not None:
+            _int_in("max_tokens", self.max_tokens, 1, None)
+        _int_in("min_tokens", self.min_tokens, 0, None)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise invalid("min_tokens", "must be <= max_tokens")
+        _float_in("temperature", self.temperature, 0.0, 100.0)
+        _float_in("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if not _is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
+            raise invalid("top_k", "must be -1, 0 (disabled) or a positive integer")
+        _float_in("min_p", self.min_p, 0.0, 1.0)
+        _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float_in("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
+        if self.seed is not None and not _is_int(self.seed):
+            raise invalid("seed", "must be an integer")
+        if len(self.stop) > MAX_STOP:
+            raise invalid("stop", f"at most {MAX_STOP} stop strings")
+        for s in self.stop:
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
+                raise invalid("stop", f"each stop string must be a non-empty string of at most "
+                                      f"{MAX_STOP_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP or not all(
+                _is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise invalid("stop_token_ids", f"must be a list of at most {MAX_STOP} non-negative integers")
+        if self.logprobs is not None:
+            _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", f"must be a map of at most {MAX_LOGIT_BIAS} token ids to biases")
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or token < 0:
+                raise invalid("logit_bias", "token ids must be non-negative integers")
+            _float_in("logit_bias", bias, -MAX_LOGIT_BIAS_VALUE, MAX_LOGIT_BIAS_VALUE)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise invalid("cache_salt", "must be a non-empty string")
+        if self.timeout is not None:
+            _float_in("timeout", self.timeout, 0.0, MAX_TIMEOUT_S, low_open=True)
+        if self.structured_outputs is not None:
+            self.grammar = parse_spec(self.structured_outputs)
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid(name, "must be a boolean")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Checks that need the model: token ids in range, top_k within the vocabulary."""
+        if self.top_k > vocab_size:
+            raise invalid("top_k", f"must be <= the vocabulary size {vocab_size}")
+        for t in self.stop_token_ids:
+            if t >= vocab_size:
+                raise invalid("stop_token_ids", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
+        for t in self.logit_bias:
+            if t >= vocab_size:
+                raise invalid("logit_bias", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SamplingParams":
+        """From JSON (the Triton `sampling_parameters` input): unknown keys are an error, not ignored."""
+        if not isinstance(data, dict):
+            raise invalid("sampling_parameters", "must be a JSON object")
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise invalid("sampling_parameters", "has an unknown field")
+        values = {k: v for k, v in data.items() if v is not None}  # JSON keys of logit_bias: see __post_init__
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise invalid("sampling_parameters", "a field has the wrong type") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int_keyed(mapping: Any) -> bool:
+    return isinstance(mapping, dict) and all(isinstance(k, (int, str)) and str(k).lstrip("-").isdigit()
+                                             for k in mapping)
+
+
+def _int_in(name: str, value: Any, low: int, high: int | None) -> None:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise invalid(name, f"must be an integer {bound}")
+
+
+def _float_in(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(name, "must be a finite number")
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise invalid(name, f"must be in {bracket}{low}, {high}]")

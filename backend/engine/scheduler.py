@@ -1,0 +1,171 @@
+"""Iteration-level scheduler: one token budget per step over RUNNING, then WAITING.
+
+Prompt and generated tokens are treated alike: each step gives every chosen
+request a number of tokens to compute (a prefill chunk or one decode token),
+so chunked prefill and decodes share one forward pass. When KV blocks run out,
+the newest running request is preempted (its blocks freed, recomputed later).
+Never touches tensors.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvserve.backend.kv_cache import KVCacheManager
+from kvserve.backend.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """What the model runner needs to compute one request's tokens this step."""
+    request_id: str
+    token_ids: list[int]       # the tokens to compute, positions start .. start+len-1
+    start_position: int        # = num_computed_tokens before this step
+    new_block_ids: list[int]   # blocks the request got since its last step (all of them when it (re)starts)
+    samples: bool              # True when this chunk reaches the end of the known tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The only contract between scheduler and runner. The runner keeps each
+    request's block table across steps: it forgets the tables of finished and
+    preempted requests, then appends each scheduled request's new blocks."""
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    new_request_ids: list[str] = field(default_factory=list)  # first scheduled this step (log_scheduling)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # since the last step
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request_id: len(s.token_ids) for s in self.scheduled}
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_last_step: list[str] = []
+        self.num_preemptions_total = 0
+
+    def add_request(self, req: Request) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_since_last_step)
+        self._finished_since_last_step = []
+        budget = self.max_num_batched_tokens
+        now = time.time()
+
+        # 1. Running requests, oldest first; preempt from the newest end when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = self.kv.allocate_slots(req, num_new)
+                if new_blocks is not None:
+                    self._emit(out, req, num_new, new_blocks)
+                    budget -= num_new
+                    i += 1
+                    break
+                victim = self.running.pop()
+                self._preempt(victim, now, out)
+                if victim is req:
+                    break
+
+        # 2. Waiting requests in arrival order; stop at the first that does not fit (FCFS).
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+            remaining = req.num_tokens - req.num_computed_tokens - num_hit_tokens
+            num_new = min(remaining, budget)
+            new_blocks = self.kv.allocate_slots(req, num_new, hits)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            self.kv.record_prefix_lookup(req, num_hit_tokens)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit_tokens
+            req.num_computed_tokens += num_hit_tokens
+            if req.times.first_scheduled is None:
+                req.times.first_scheduled = now
+                out.new_request_ids.append(req.request_id)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._emit(out, req, num_new, new_blocks)
+            budget -= num_new
+        return out
+
+    @staticmethod
+    def _emit(out: SchedulerOutput, req: Request, num_new: int, new_blocks: list[int]) -> None:
+        start = req.num_computed_tokens
+        out.scheduled.append(ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.token_ids_slice(start, start + num_new),
+            start_position=start,
+            new_block_ids=new_blocks,
+            samples=start + num_new == req.num_tokens,
+        ))
+
+    def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.times.preemptions.append(now)
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(req)
+        out.preempted_request_ids.append(req.request_id)
+        # Its chunk may already be in this step's output if it ran earlier in the loop.
+        out.scheduled = [s for s in out.scheduled if s.request_id != req.request_id]
+
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """After the forward pass: every request that ran has its chunk computed,
+        and those that sampled (request id -> token id) get their new token."""
+        for sched in out.scheduled:
+            req = self.requests.get(sched.request_id)
+            if req is None or req.is_finished:
+                continue
+            req.num_computed_tokens += len(sched.token_ids)
+            token = sampled.get(sched.request_id)
+            if token is not None:
+                req.output_token_ids.append(token)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Remove a request (finished or aborted) and free its blocks at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        req.times.finished = time.time()
+        self.kv.free(req)
+        self._finished_since_last_step.append(request_id)
+        return req

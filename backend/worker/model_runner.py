@@ -1,0 +1,269 @@
+"""Turns a SchedulerOutput into flat tensors, runs the model, returns the logits that sample.
+
+The flat batch (no padding between requests)::
+
+    input_ids       [T]        tokens of request 0, then request 1, ...
+    positions       [T]        absolute position of each token in its request
+    slot_mapping    [T]        block_id * block_size + offset: where its K/V are stored
+    query_start_loc [B+1]      request i owns rows query_start_loc[i]:query_start_loc[i+1]
+    seq_lens        [B]        context length of request i after this step
+    block_tables    [B, maxb]  request i's block ids, padded with the null block 0
+    logits_indices  [S]        the last row of each request that samples this step
+
+The runner never decides who runs; it only computes what it is given. It
+keeps each running request's block table across steps (the scheduler sends
+only the blocks a request got since its last step), so a step costs in
+proportion to what changed, not to every request's whole table.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.backend.engine import EngineConfig
+from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
+from kvserve.backend.kv_cache import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
+from kvserve.backend.models import ArchConfig
+from kvserve.backend.models import load_arch_config, load_model
+from kvserve.backend.models import pack_linears, wants_cpu_linear
+from kvserve.backend.models import quantize_model
+from kvserve.backend.worker.ops import select_ops
+from kvserve.backend.engine import SchedulerOutput
+
+log = logging.getLogger("kvserve.engine")
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_seq_len: int
+    max_query_len: int
+    decode_only: bool
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the fault-injection test hook inside the forward pass."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, arch: ArchConfig, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        name = arch.torch_dtype if arch.torch_dtype in ("float32", "float16", "bfloat16") else "float32"
+        if device.type == "cpu" and name == "float16":
+            name = "bfloat16"  # CPU matmuls in float16 are slow and lossy
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True, slots=True)
+class _CudaSnapshot:
+    free: int
+    total: int
+    reserved: int
+    allocated: int
+
+    @classmethod
+    def take(cls, device: torch.device) -> "_CudaSnapshot":
+        free, total = torch.cuda.mem_get_info(device)  # creates the CUDA context first: it counts as used
+        return cls(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
+        if threads is not None and config.num_threads and config.cpu_reserved_cores:
+            log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
+        # Always set, on the thread that steps the engine: a thread begins with the count last set
+        # anywhere in the process (an embedding worker's, say), not with torch's default.
+        threads = threads or torch_default_threads()
+        torch.set_num_threads(threads)
+        log.info("engine uses %d CPU thread(s)", threads)
+        self.device = resolve_device(config.device)
+        # Taken before anything is loaded: the memory profile measures weights and activations against it.
+        cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None
+        arch = load_arch_config(config.model)
+        self.dtype = resolve_dtype(config.dtype, arch, self.device)
+        self.max_model_len = config.max_model_len or arch.max_position_embeddings
+        if self.max_model_len > arch.max_position_embeddings:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings ({arch.max_position_embeddings})")
+        if arch.sliding_window and arch.sliding_window < self.max_model_len:
+            log.warning("model has a %d-token sliding window: max_model_len capped to it", arch.sliding_window)
+            self.max_model_len = arch.sliding_window
+        self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len)
+        quantize_model(self.model, config.quantization, self.device)
+        if wants_cpu_linear(self.device, self.dtype, config.quantization):
+            pack_linears(self.model)
+        self.ops = select_ops(config.attention_backend, self.device)
+        self.block_size = config.block_size
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+        self.memory_profile: CudaMemoryProfile | None = None
+        self.num_blocks = self._plan_kv_blocks(cuda_start)
+        shape = (self.num_blocks, self.block_size, arch.num_key_value_heads, arch.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+                          for _ in range(arch.num_hidden_layers)]
+        self.num_steps = 0
+        self.block_tables: dict[str, list[int]] = {}  # request id -> its KV block ids, in order
+        self.graphs = self._capture_graphs()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.arch.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
+
+    def _plan_kv_blocks(self, cuda_start: "_CudaSnapshot | None") -> int:
+        cfg = self.config
+        block_bytes = self.kv_bytes_per_token * self.block_size
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        elif cfg.kv_cache_memory is not None:
+            num_blocks = cfg.kv_cache_memory // block_bytes
+        elif cuda_start is not None:
+            self.memory_profile = self._profile_cuda(cuda_start)
+            budget = kv_budget_bytes(self.memory_profile, cfg.gpu_memory_utilization)
+            num_blocks = budget // block_bytes
+            log.info(describe(self.memory_profile, cfg.gpu_memory_utilization, num_blocks * block_bytes))
+        else:
+            # CPU: enough for every sequence at full length, at most the default budget.
+            wanted = cfg.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
+            num_blocks = min(wanted, cfg.default_kv_bytes) // block_bytes + 1
+        num_blocks = int(num_blocks)
+        usable_tokens = (num_blocks - 1) * self.block_size
+        if num_blocks < 2 or usable_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_model_len: {self.max_model_len} tokens do not fit the KV cache budget of "
+                f"{max(num_blocks - 1, 0)} blocks ({usable_tokens} tokens, "
+                f"{self.kv_bytes_per_token} bytes per token); raise --kv-cache-memory or lower --max-model-len")
+        log.info("KV cache: %d bytes per token, %d blocks of %d tokens, %d tokens at most in flight (%.1f MiB)",
+                 self.kv_bytes_per_token, num_blocks - 1, self.block_size, usable_tokens,
+                 num_blocks * block_bytes / 2**20)
+        return num_blocks
+
+    def _capture_graphs(self):
+        """Decode CUDA graphs on CUDA with the Triton kernels (the torch path syncs with the host)."""
+        if self.device.type != "cuda" or self.config.enforce_eager or self.ops.name != "triton":
+            return None
+        from kvserve.backend.worker.cuda_graphs import DecodeGraphs
+        from kvserve.backend.worker.graph_buckets import capture_sizes
+
+        try:
+            return DecodeGraphs(self.model, self.ops, self.kv_caches, capture_sizes(self.config.max_num_seqs),
+                                self.max_model_len, self.block_size, self.device)
+        except RuntimeError as exc:  # serve eagerly rather than not at all
+            log.warning("CUDA graph capture failed, decode runs eagerly: %s", exc)
+            torch.cuda.synchronize(self.device)
+            return None
+
+    def _profile_cuda(self, start: "_CudaSnapshot") -> CudaMemoryProfile:
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        weights = torch.cuda.memory_allocated(dev) - start.allocated
+        torch.cuda.reset_peak_memory_stats(dev)
+        self.profile_step()
+        torch.cuda.synchronize(dev)
+        peak_activation = max(0, torch.cuda.max_memory_allocated(dev) - start.allocated - weights)
+        free, _ = torch.cuda.mem_get_info(dev)
+        # Growth of the device's used memory that torch's allocator does not account for.
+        non_torch = max(0, (start.free - free) - (torch.cuda.memory_reserved(dev) - start.reserved))
+        torch.cuda.empty_cache()
+        return CudaMemoryProfile(total=start.total, free_at_start=start.free, weights=weights,
+                                 peak_activation=peak_activation, non_torch=non_torch)
+
+    def profile_step(self) -> torch.Tensor:
+        """One forward pass of the largest step the scheduler can hand out, before the KV cache exists.
+
+        `max_num_batched_tokens` prompt tokens spread over up to `max_num_seqs` requests, every
+        request sampling, into a one-block cache with every slot -1 (nothing is stored; the
+        attention reads the null block): the activations are those of a real step of that size.
+        Returns the sampler-shaped float32 logits [num_seqs, vocab].
+        """
+        cfg, dev, arch = self.config, self.device, self.arch
+        q_lens = profile_query_lens(cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len)
+        num_tokens, num_seqs = sum(q_lens), len(q_lens)
+        width = -(-max(q_lens) // self.block_size)
+        positions = torch.cat([torch.arange(n, device=dev) for n in q_lens])
+        query_start_loc = torch.zeros(num_seqs + 1, dtype=torch.int32, device=dev)
+        torch.cumsum(torch.tensor(q_lens, dtype=torch.int32, device=dev), 0, out=query_start_loc[1:])
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
+            block_tables=torch.zeros(num_seqs, width, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev), query_start_loc=query_start_loc,
+            max_seq_len=max(q_lens), max_query_len=max(q_lens), decode_only=max(q_lens) == 1)
+        shape = (1, self.block_size, arch.num_key_value_heads, arch.head_dim)
+        null_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        caches = [(null_cache, null_cache)] * arch.num_hidden_layers
+        input_ids = torch.randint(0, arch.vocab_size, (num_tokens,), device=dev)
+        logits = self.model(self.ops, input_ids, positions, caches, meta, query_start_loc[1:].long() - 1)
+        # The sampler's worst case (top-p) sorts and softmaxes every row: its copies count too.
+        torch.sort(logits, dim=-1, descending=True)
+        torch.softmax(logits, dim=-1)
+        return logits
+
+    def update_block_tables(self, out: SchedulerOutput) -> None:
+        """Forget finished and preempted requests' tables, then append the new blocks
+        (in this order: a request preempted and restarted in one step starts afresh)."""
+        tables = self.block_tables
+        for rid in (*out.finished_request_ids, *out.preempted_request_ids):
+            tables.pop(rid, None)
+        for s in out.scheduled:
+            table = tables.get(s.request_id)
+            if table is None:
+                tables[s.request_id] = list(s.new_block_ids)
+            elif s.new_block_ids:
+                table.extend(s.new_block_ids)
+
+    def reset_block_tables(self) -> None:
+        """After a failed step: every request was failed, none of their tables is needed."""
+        self.block_tables.clear()
+
+    def _prepare(self, out: SchedulerOutput):
+        sched = out.scheduled
+        q_lens = [len(s.token_ids) for s in sched]
+        seq_lens = [s.start_position + n for s, n in zip(sched, q_lens)]
+        rows = [self.block_tables[s.request_id] for s in sched]
+        max_blocks = max(len(r) for r in rows)
+        table = [r + [0] * (max_blocks - len(r)) for r in rows]
+        dev = self.device
+        block_tables = torch.tensor(table, dtype=torch.int32, device=dev)
+        q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=dev)
+        starts = torch.tensor([s.start_position for s in sched], dtype=torch.int64, device=dev)
+        req_index = torch.repeat_interleave(torch.arange(len(sched), device=dev), q_lens_t)
+        query_start_loc = torch.zeros(len(sched) + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
+        offsets = torch.arange(int(query_start_loc[-1]), device=dev) - query_start_loc[:-1][req_index]
+        positions = starts[req_index] + offsets
+        blocks = block_tables.long()[req_index, positions // self.block_size]
+        slot_mapping = blocks * self.block_size + positions % self.block_size
+        input_ids = torch.tensor([t for s in sched for t in s.token_ids], dtype=torch.int64, device=dev)
+        sample_rows = [i for i, s in enumerate(sched) if s.samples]
+        logits_indices = query_start_loc[1:][sample_rows] - 1
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping, block_tables=block_tables,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=query_start_loc.to(torch.int32), max_seq_len=max(seq_lens),
+            max_query_len=max(q_lens), decode_only=max(q_lens) == 1)
+        return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
+
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
+        """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample)."""
+        self.update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
+        self.num_steps += 1
+        # One-shot, so a test sees the engine fail and then recover.
+        fault_step = self.config.debug.fault_injection_step
+        if fault_step is not None and self.num_steps == fault_step:
+            raise InjectedFault(f"injected fault at step {self.num_steps}")
+        input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
+        if self.graphs is not None and meta.decode_only and self.graphs.can_run(input_ids.shape[0]):
+            return self.graphs.run(input_ids, positions, meta, logits_indices), sample_ids
+        logits = self.model(self.ops, input_ids, positions, self.kv_caches, meta, logits_indices)
+        return logits, sample_ids

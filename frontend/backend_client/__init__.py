@@ -1,0 +1,35 @@
+"""The gateway's side of the gRPC seam: the tritonclient BackendClient and its codec, the embed
+client, fan-out of one call's prompts, readiness, the tracing seam, and replicas/ (several
+backends behind one client)."""
+from __future__ import annotations
+
+import importlib
+
+# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
+# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+_EXPORTS = {
+    "Fanout": ".fanout",
+    "ReadinessCache": ".readiness",
+    "ServerSpan": ".tracing_seam",
+    "TritonBackendClient": ".triton_client",
+    "TritonEmbeddingClient": ".embed_client",
+    "UNMATCHED_ROUTE": ".tracing_seam",
+    "add_replica_flags": ".replicas.flags",
+    "annotate_embeddings": ".tracing_seam",
+    "annotate_request": ".tracing_seam",
+    "annotate_response": ".tracing_seam",
+    "backend_traceparent": ".tracing_seam",
+    "build_backend": ".replicas.flags",
+    "is_dns_url": ".replicas.sources",
+    "is_remote": ".replicas.flags",
+    "positive_number": ".replicas.flags",
+    "start_server_span": ".tracing_seam",
+    "validate_replica_flags": ".replicas.flags",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

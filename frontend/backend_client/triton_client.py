@@ -1,0 +1,181 @@
+"""`BackendClient` over KServe v2 gRPC (tritonserver or the embedded host).
+
+One gRPC stream per request, all on one shared channel (HTTP/2 multiplexes the
+streams over one connection). Why not one long-lived stream with requests
+multiplexed by id:
+- cancellation: KServe has no "cancel request X" message. The only way to
+  cancel one in-flight request is to cancel the RPC that carries it; on a
+  shared stream that would cancel every request on it;
+- errors: a stream error carries no reliable request id, so on a shared stream
+  the gateway could not tell whose request failed;
+- a stream-level failure (server restart) hits one request, not all of them.
+The cost is an HTTP/2 stream per request, which is what gRPC is built for.
+
+We build the protobufs ourselves from tritonclient's generated stubs instead of
+calling `tritonclient.grpc.aio.InferenceServerClient.stream_infer`: that method
+cannot set `triton_enable_empty_final_response` (a reserved parameter it
+refuses), and without it a model that ends a request with a flags-only FINAL
+response would never tell us the request is over.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import aiohttp
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from kvserve.frontend.openai import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
+from kvserve.frontend.backend_client.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
+from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_request, classify_error, is_final,
+                                           parse_model_facts, parse_response)
+
+log = logging.getLogger("kvserve.frontend.triton")
+
+_MAX_MESSAGE = 2**31 - 1
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    # Detect a dead backend within ~20 s even on idle connections.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # Current gRPC core waits this long for a keepalive ping's ack, whatever
+    # keepalive_timeout says (default 60 s; measured with grpcio 1.85): without
+    # it a silent (stopped, partitioned) peer fails its streams only after a minute.
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect to a restarted backend within seconds (gRPC's default backoff
+    # grows to 2 minutes), so a replica's health check can pass again soon.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+_HEALTH_TIMEOUT_S = 2.0
+_CLOSE_GRACE_S = 1.0
+
+
+class TritonBackendClient:
+    def __init__(self, url: str, *, model_name: str = "llm", metrics_url: str | None = None) -> None:
+        self.name = url
+        self._url = url
+        self._model = model_name
+        self._metrics_url = metrics_url
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    def _get_stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        # Created lazily: a grpc.aio channel binds to the running event loop.
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self._url, options=_CHANNEL_OPTIONS)
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._stub
+
+    async def ready(self) -> bool:
+        stub = self._get_stub()
+        try:
+            server = await stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=_HEALTH_TIMEOUT_S)
+            if not server.ready:
+                return False
+            model = await stub.ModelReady(service_pb2.ModelReadyRequest(name=self._model), timeout=_HEALTH_TIMEOUT_S)
+            return bool(model.ready)
+        except grpc.aio.AioRpcError:
+            return False
+
+    async def describe(self) -> ModelFacts | None:
+        """One describe request (seam.tensors.DESCRIBE_PARAM) on its own stream."""
+        stub = self._get_stub()
+        request = build_describe_request(self._model)
+
+        async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+
+        call = stub.ModelStreamInfer(outgoing(), timeout=_HEALTH_TIMEOUT_S)
+        try:
+            async for message in call:
+                if message.error_message:  # a model that predates the question treats it as a prompt
+                    return None
+                return parse_model_facts(message.infer_response)
+        except grpc.aio.AioRpcError as exc:  # no answer at all: the caller asks again later
+            raise BackendUnavailable(f"describe failed: {exc.code().name}") from None
+        finally:
+            call.cancel()
+        return None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
+        stub = self._get_stub()
+        finished = asyncio.Event()
+        # A CLIENT span around the call; its traceparent (not the server span's) goes to the backend.
+        span = start_client_span(self._url, self._model, request.request_id)
+        infer_request = build_request(self._model, request)
+        for key, value in span.parameters(request.traceparent).items():
+            infer_request.parameters[key].string_param = value
+
+        async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield infer_request
+            # Keep our half of the stream open until the final response: a server
+            # that ends the RPC on the client's half-close could otherwise drop
+            # responses still in flight.
+            await finished.wait()
+
+        call = stub.ModelStreamInfer(outgoing())
+        complete = False
+        grpc_code: int | None = None
+        error: str | None = None
+        try:
+            async for message in call:
+                if message.error_message:
+                    error = message.error_message
+                    raise classify_error(message.error_message)
+                complete = is_final(message.infer_response)
+                delta = parse_response(message.infer_response)
+                if delta is not None:
+                    yield delta
+                if complete:
+                    break
+            else:
+                complete = True  # the server ended the stream: nothing more will come
+        except grpc.aio.AioRpcError as exc:
+            grpc_code, error = exc.code().value[0], exc.code().name
+            raise BackendUnavailable(f"backend {self._url}: {exc.code().name}") from exc
+        finally:
+            if grpc_code is None and error is None:
+                grpc_code = GRPC_OK if complete else GRPC_CANCELLED
+            span.end(grpc_code, error)
+            if complete:
+                finished.set()
+                await self._finish(call)
+            else:
+                # Client went away, the handler was cancelled, or an error: cancelling
+                # the RPC is what tells the server to abort the request now.
+                call.cancel()
+                finished.set()
+
+    async def _finish(self, call: grpc.aio.StreamStreamCall) -> None:
+        try:
+            await asyncio.wait_for(call.code(), _CLOSE_GRACE_S)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            call.cancel()
+
+    async def metrics_text(self) -> str:
+        if not self._metrics_url:
+            return ""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_HEALTH_TIMEOUT_S))
+        try:
+            async with self._http.get(self._metrics_url) as resp:
+                return await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("cannot scrape backend metrics %s: %s", self._metrics_url, exc)
+            return ""
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub = None

@@ -1,0 +1,18 @@
+"""The `kvserve` command line: serve, pull, triton, bench, make-tiny-model, with the engine flags as
+vLLM names them, the default model, and the embedded host as a child process."""
+from __future__ import annotations
+
+import importlib
+
+# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
+# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+_EXPORTS = {
+    "main": ".commands",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

@@ -1,0 +1,143 @@
+"""What the handlers share: the configuration, the backend client, the tokenizer,
+metrics and the readiness caches. One `Gateway` per aiohttp app, under `GATEWAY`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from kvserve.frontend.openai import ApiError, backend_unavailable, model_not_found, shutting_down
+from kvserve.frontend.http.api_keys import key_digest
+from kvserve.frontend.openai import FALLBACK_TEMPLATE
+from kvserve.frontend.http.gateway_config import GatewayConfig
+from kvserve.seam.tokenizer import ModelTokenizer
+from kvserve.frontend.openai import BackendClient, BackendUnavailable, EmbeddingBackend
+from kvserve.frontend.backend_client import ReadinessCache
+from kvserve.observability.metrics_gateway import GatewayMetrics
+
+# How long requests wait before asking a backend whose describe failed in transport again (each
+# attempt can cost the describe timeout; the start-up loop keeps asking every second meanwhile).
+FACTS_RETRY_S = 5.0
+
+
+@dataclass(slots=True)
+class Gateway:
+    config: GatewayConfig
+    backend: BackendClient
+    tokenizer: ModelTokenizer | None = None
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    readiness: ReadinessCache | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # SIGTERM received: readiness and new generation requests answer 503
+    active: set = field(default_factory=set)  # Fanouts in flight (generation.py), aborted at the drain deadline
+    key_digests: list = field(default_factory=list, init=False)  # [(key_digest(key), tenant)] for middleware.auth
+    facts_asked: bool = False  # learn_model_facts got an answer (or had nothing to learn)
+    _facts_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _facts_retry_at: float = field(default=0.0, init=False)  # monotonic time before which requests don't ask again
+    embedder: EmbeddingBackend | None = None  # the embedding model's backend (--embedding-model)
+    embed_readiness: ReadinessCache | None = None
+
+    def __post_init__(self) -> None:
+        if self.readiness is None:
+            self.readiness = ReadinessCache(self.backend)
+        if self.embedder is not None and self.embed_readiness is None:
+            self.embed_readiness = ReadinessCache(self.embedder)
+        self.key_digests = [(key_digest(k), t) for k, t in self.config.key_table().items()]
+
+    @property
+    def default_model(self) -> str:
+        return self.config.served_model_names[0]
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.tokenizer.vocab_size if self.tokenizer is not None else None
+
+    def resolve_model(self, name: str | None) -> str:
+        """The served name to report; a missing `model` means the default one."""
+        if name is None:
+            return self.default_model
+        if name not in self.config.served_model_names:
+            if name in self.config.embedding_model_names:
+                raise ApiError(400, "the requested model is an embedding model: it serves only /v1/embeddings",
+                               param="model", code="model_not_supported")
+            raise model_not_found()
+        return name
+
+    def token_text(self, token_id: int) -> str:
+        """A token's text for logprobs (the engine sends ids); vLLM's `token_id:N`
+        form when this gateway has no tokenizer."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.token_text(token_id)
+
+    def require_tokenizer(self) -> ModelTokenizer:
+        if self.tokenizer is None:
+            raise ApiError(400, "this server has no tokenizer: start it with --model or --tokenizer", code="tokenizer_unavailable")
+        return self.tokenizer
+
+    def chat_template(self) -> str:
+        if self.config.chat_template:
+            return self.config.chat_template
+        tok = self.tokenizer
+        return tok.chat_template if tok is not None and tok.chat_template else FALLBACK_TEMPLATE
+
+    async def ensure_embedder_ready(self) -> None:
+        if self.draining:
+            raise shutting_down()
+        if self.embed_readiness is None or not await self.embed_readiness.ready():
+            raise backend_unavailable("the embedding model is not ready")
+
+    async def ensure_ready(self) -> None:
+        assert self.readiness is not None
+        if self.draining:
+            raise shutting_down()
+        if not await self.readiness.ready():
+            raise backend_unavailable()
+        if not self.facts_asked and time.monotonic() >= self._facts_retry_at:
+            await self.learn_model_facts()
+
+    async def learn_model_facts_if_ready(self) -> None:
+        """For /v1/models: a ready backend's facts are learned before the list is answered (a
+        client asking right after start-up must not see the defaults); never fails."""
+        if self.facts_asked or self.draining or time.monotonic() < self._facts_retry_at:
+            return
+        assert self.readiness is not None
+        if await self.readiness.ready():
+            await self.learn_model_facts()
+
+    async def learn_model_facts(self) -> None:
+        """Ask a ready backend for what the flags left unknown: the context length (so chat
+        without max_tokens gets "up to the context", not the engine's default of 16) and the
+        served name. Once answered: a backend that cannot tell (an older model) is not asked again.
+        A describe that failed in transport (a timeout while the host was busy) answered nothing:
+        it is asked again, by requests at most every FACTS_RETRY_S and by the start-up loop."""
+        async with self._facts_lock:
+            if self.facts_asked or (self.config.max_model_len is not None and not self.config.learn_served_name):
+                self.facts_asked = True
+                return
+            try:
+                facts = await self.backend.describe()
+            except BackendUnavailable:
+                self._facts_retry_at = time.monotonic() + FACTS_RETRY_S
+                return
+            self.facts_asked = True
+            if facts is None:
+                return
+            if self.config.max_model_len is None and facts.max_model_len is not None:
+                self.config.max_model_len = facts.max_model_len
+            if self.config.learn_served_name and facts.served_model_name:
+                self.config.served_model_names = [facts.served_model_name]
+
+    async def learn_model_facts_when_ready(self, interval_s: float = 1.0) -> None:
+        """At startup, so /v1/models names the model before the first request."""
+        while not self.facts_asked:
+            if await self.backend.ready():
+                await self.learn_model_facts()
+            if not self.facts_asked:
+                await asyncio.sleep(interval_s)
+
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("kvserve_gateway", Gateway)

@@ -1,0 +1,45 @@
+"""The OpenAI routes (completions, chat, embeddings, models, tokenize) and their helpers: request
+parsing, the chat template, tools and tool parsers, structured requests, logprobs, response
+bodies, the OpenAI error objects, the OpenAPI description, and `protocol`, the contract with
+whatever runs the model."""
+from __future__ import annotations
+
+import importlib
+
+# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
+# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+_EXPORTS = {
+    "ApiError": ".api_errors",
+    "BackendClient": ".protocol",
+    "BackendError": ".protocol",
+    "BackendFailed": ".protocol",
+    "BackendRejected": ".protocol",
+    "BackendUnavailable": ".protocol",
+    "ChoiceDelta": ".protocol",
+    "EmbedRequest": ".protocol",
+    "EmbedResult": ".protocol",
+    "EmbeddingBackend": ".protocol",
+    "FALLBACK_TEMPLATE": ".chat_template",
+    "GenerateRequest": ".protocol",
+    "ModelFacts": ".protocol",
+    "PUBLIC_PATHS": ".openapi",
+    "ShuttingDown": ".protocol",
+    "TOOL_PARSERS": ".tools",
+    "TokenLogprob": ".protocol",
+    "ToolSettings": ".tools",
+    "TopLogprob": ".protocol",
+    "add_routes": ".routes",
+    "backend_unavailable": ".api_errors",
+    "bad_request": ".api_errors",
+    "internal_error": ".api_errors",
+    "model_not_found": ".api_errors",
+    "resolve_template_arg": ".chat_template",
+    "shutting_down": ".api_errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

@@ -1,0 +1,284 @@
+"""Parse and validate `/v1/completions` and `/v1/chat/completions` bodies into
+plain dataclasses. Unknown fields are ignored, as OpenAI does; known fields are
+checked for type and range here so the engine sees only sane values.
+
+`sampling` holds only what the client set (plus `n`), keyed by SamplingParams
+field names, so the engine's own defaults apply to everything else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.frontend.openai import fields as F
+from kvserve.frontend.openai.api_errors import bad_request, not_supported
+# The engine's limits: the gateway checks them first, to answer in the client's field names.
+from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
+from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
+from kvserve.frontend.openai.structured_request import parse_constraint
+from kvserve.frontend.openai.tools import ToolRequest, ToolSettings, parse_tools, tool_constraint
+
+MAX_PROMPTS = 256
+MAX_CHOICES = 1024
+MAX_MESSAGES = 4096
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@dataclass(slots=True)
+class CommonRequest:
+    model: str | None
+    n: int
+    stream: bool
+    include_usage: bool
+    sampling: dict[str, Any]
+    user: str | None
+    constraint_param: str | None  # the field a structured-output constraint came from
+
+
+@dataclass(slots=True)
+class CompletionRequest(CommonRequest):
+    prompts: list[str | list[int]] = field(default_factory=list)
+    echo: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(slots=True)
+class ChatRequest(CommonRequest):
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    add_generation_prompt: bool = True
+    tools: ToolRequest | None = None
+
+
+def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict[str, Any]:
+    model = F.opt_str(body, "model", max_len=512)
+    n = F.opt_int(body, "n", 1, MAX_N) or 1
+    stream = bool(F.opt_bool(body, "stream"))
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    # Ignored unless streaming (lenient: a client that always sends it still works).
+    include_usage = stream and bool(F.opt_bool(options or {}, "include_usage"))
+    _check_unimplemented_extensions(body, chat=chat)
+    constraint = parse_constraint(body)
+    if not chat and (body.get("tools") or body.get("functions")):
+        raise not_supported("tools", "tool calling in completions")
+    if "suffix" in body and body["suffix"] not in (None, ""):
+        raise not_supported("suffix", "'suffix'")
+    best_of = F.opt_int(body, "best_of", 1, MAX_N)
+    if best_of is not None and best_of != n:
+        raise not_supported("best_of", "'best_of' different from 'n'")
+    sampling = _sampling(body, vocab_size, n, chat=chat)
+    if constraint is not None:
+        sampling[CONSTRAINT_FIELD] = constraint.value
+    return {
+        "model": model,
+        "n": n,
+        "stream": stream,
+        "include_usage": include_usage,
+        "sampling": sampling,
+        "user": F.opt_str(body, "user", max_len=256),
+        "constraint_param": constraint.param if constraint is not None else None,
+    }
+
+
+# vLLM's request extensions this server does not implement. Ignoring one would hand back
+# ordinary output where the client asked for constrained or differently decoded output, so
+# each is refused when set to anything but its default (None, false, empty).
+_VLLM_UNSUPPORTED = {
+    "use_beam_search": "beam search",
+    "prompt_logprobs": "prompt logprobs",
+    "allowed_token_ids": "'allowed_token_ids'",
+    "bad_words": "'bad_words'",
+    "truncate_prompt_tokens": "prompt truncation",
+}
+_VLLM_UNSUPPORTED_IN_CHAT = {
+    "continue_final_message": "continuing the final message",
+    "echo": "'echo' in chat",
+}
+
+
+def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None:
+    table = {**_VLLM_UNSUPPORTED, **(_VLLM_UNSUPPORTED_IN_CHAT if chat else {})}
+    for name, what in table.items():
+        value = body.get(name)
+        unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
+        if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
+            raise not_supported(name, what)
+
+
+def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:
+    s: dict[str, Any] = {"n": n}
+    max_tokens = F.opt_int(body, "max_completion_tokens", 1) if chat else None
+    if max_tokens is None:
+        max_tokens = F.opt_int(body, "max_tokens", 1)
+    values: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "min_tokens": F.opt_int(body, "min_tokens", 0),
+        "temperature": F.opt_number(body, "temperature", 0.0, 2.0),
+        "top_p": F.opt_number(body, "top_p", 0.0, 1.0, lo_open=True),
+        "top_k": F.opt_int(body, "top_k", -1),
+        "min_p": F.opt_number(body, "min_p", 0.0, 1.0),
+        "seed": F.opt_int(body, "seed"),  # int64, as in vLLM
+        "stop": F.opt_str_or_list(body, "stop", max_items=MAX_STOP, max_len=MAX_STOP_CHARS),
+        "presence_penalty": F.opt_number(body, "presence_penalty", -2.0, 2.0),
+        "frequency_penalty": F.opt_number(body, "frequency_penalty", -2.0, 2.0),
+        "repetition_penalty": F.opt_number(body, "repetition_penalty", 0.0, 2.0, lo_open=True),
+        "ignore_eos": F.opt_bool(body, "ignore_eos"),
+        "logit_bias": F.opt_logit_bias(body, "logit_bias", vocab_size, max_items=MAX_LOGIT_BIAS),
+        "include_stop_str_in_output": F.opt_bool(body, "include_stop_str_in_output"),
+        "skip_special_tokens": F.opt_bool(body, "skip_special_tokens"),
+        "cache_salt": F.opt_str(body, "cache_salt", max_len=256, allow_empty=False),
+        # Extension (as vLLM's extra fields): seconds from arrival; past it the
+        # engine ends the request with a "timeout" error and frees its blocks.
+        "timeout": F.opt_number(body, "timeout", 0.0, MAX_TIMEOUT_S, lo_open=True),
+    }
+    if body.get("stop_token_ids") is not None:
+        values["stop_token_ids"] = F.token_ids(body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)
+        if len(values["stop_token_ids"]) > MAX_STOP:
+            raise bad_request(f"'stop_token_ids' has more than {MAX_STOP} entries", param="stop_token_ids")
+    if values["top_k"] == 0:
+        values["top_k"] = -1  # vLLM treats 0 and -1 alike: no top-k
+    if max_tokens is not None and values["min_tokens"] is not None and values["min_tokens"] > max_tokens:
+        raise bad_request("'min_tokens' must not exceed 'max_tokens'", param="min_tokens")
+    s.update({k: v for k, v in values.items() if v is not None})
+    return s
+
+
+def parse_completion(body: dict[str, Any], vocab_size: int | None) -> CompletionRequest:
+    common = _common(body, vocab_size, chat=False)
+    prompts = _prompts(body.get("prompt"), vocab_size)
+    if len(prompts) * common["n"] > MAX_CHOICES:
+        raise bad_request(f"prompts x n must not exceed {MAX_CHOICES}", param="n")
+    logprobs = F.opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = bool(F.opt_bool(body, "echo"))
+    if echo and logprobs is not None:
+        raise not_supported("echo", "'echo' together with 'logprobs' (prompt logprobs)")
+    req = CompletionRequest(**common, prompts=prompts, echo=echo, logprobs=logprobs)
+    if logprobs is not None:
+        req.sampling["logprobs"] = logprobs
+    return req
+
+
+def _prompts(value: Any, vocab_size: int | None) -> list[str | list[int]]:
+    if value is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    if isinstance(value, str):
+        prompts: list[str | list[int]] = [value]
+    elif isinstance(value, list) and value and all(F.is_int(t) for t in value):
+        prompts = [F.token_ids(value, "prompt", vocab_size)]
+    elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
+        prompts = list(value)
+    elif isinstance(value, list) and value and all(isinstance(p, list) for p in value):
+        prompts = [F.token_ids(p, "prompt", vocab_size) for p in value]
+    else:
+        raise bad_request(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token id lists",
+            param="prompt",
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    if any(p == "" for p in prompts):
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    return prompts
+
+
+def parse_chat(body: dict[str, Any], vocab_size: int | None,
+               tool_settings: ToolSettings | None = None) -> ChatRequest:
+    common = _common(body, vocab_size, chat=True)
+    tools = parse_tools(body, tool_settings or ToolSettings())
+    forced = tool_constraint(tools) if tools is not None else None
+    if forced is not None:
+        if common["constraint_param"] is not None:
+            raise bad_request(f"'tool_choice' {tools.choice!r} cannot be combined with "
+                              f"'{common['constraint_param']}'", param="tool_choice")
+        common["sampling"][CONSTRAINT_FIELD] = forced
+        common["constraint_param"] = "tools"
+    messages = parse_messages(body.get("messages"))
+    logprobs = bool(F.opt_bool(body, "logprobs"))
+    top_logprobs = F.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+    add_generation_prompt = F.opt_bool(body, "add_generation_prompt")
+    req = ChatRequest(
+        **common,
+        messages=messages,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs or 0,
+        add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+        tools=tools,
+    )
+    if logprobs:
+        req.sampling["logprobs"] = req.top_logprobs
+    return req
+
+
+def parse_messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise bad_request(f"at most {MAX_MESSAGES} messages", param="messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise bad_request(f"'{where}' must be an object", param="messages")
+        role = msg.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise bad_request(f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param="messages")
+        out.append({"role": role, "content": _content(msg.get("content"), where, role)})
+        if msg.get("tool_calls") is not None:
+            calls = _tool_calls(msg["tool_calls"], where)
+            if calls and role != "assistant":
+                raise bad_request(f"'{where}.tool_calls': only assistant messages carry tool calls", param="messages")
+            if calls:
+                out[-1]["tool_calls"] = calls
+        call_id = msg.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise bad_request(f"'{where}.tool_call_id' must be a string", param="messages")
+        if call_id is not None and role == "tool":
+            out[-1]["tool_call_id"] = call_id
+        name = msg.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad_request(f"'{where}.name' must be a string", param="messages")
+        if name is not None:
+            out[-1]["name"] = name
+    return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise bad_request(f"'{where}.tool_calls' must be a list", param="messages")
+    calls = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str) or call.get("type", "function") != "function"
+                or not isinstance(call.get("id", ""), str)):
+            raise bad_request(f"'{where}.tool_calls[{j}]' must be a function call with a 'name' and "
+                              "'arguments' (a JSON string)", param="messages")
+        item: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": fn["arguments"]}}
+        if isinstance(call.get("id"), str):
+            item["id"] = call["id"]
+        calls.append(item)
+    return calls
+
+
+def _content(value: Any, where: str, role: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad_request(f"'{where}.content' parts must be objects with a 'type'", param="messages")
+            if part["type"] != "text":
+                raise not_supported("messages", "content parts other than text")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"'{where}.content' text parts need a string 'text'", param="messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad_request(f"'{where}.content' must be a string or a list of text parts", param="messages")

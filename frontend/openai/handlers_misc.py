@@ -1,0 +1,128 @@
+"""The routes around generation: /v1/models, /health, /metrics, /version,
+/tokenize, /detokenize, /openapi.json."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from kvserve.frontend.openai import fields as F
+from kvserve.frontend.openai.api_requests import parse_messages
+from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, shutting_down
+from kvserve.frontend.openai.handlers_openai import chat_prompt_ids
+from kvserve.frontend.openai.openapi import openapi_document
+from kvserve.frontend.http import read_json_body
+from kvserve.frontend.http import GATEWAY, Gateway
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _replicas(gateway: Gateway) -> dict[str, int] | None:
+    """Ready and total replicas when the backend balances several (ReplicaSet)."""
+    status = getattr(gateway.backend, "replica_status", None)
+    if status is None:
+        return None
+    replicas = status()
+    return {"ready": sum(r.ready for r in replicas), "total": len(replicas)}
+
+
+def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
+    cfg = gateway.config
+    embedding = name in cfg.embedding_model_names and name not in cfg.served_model_names
+    card = {
+        "id": name,
+        "object": "model",
+        "created": gateway.created,
+        "owned_by": "kvserve",
+        "root": (cfg.embedding_model_root if embedding else cfg.model_root) or name,
+        "parent": None,
+        "max_model_len": cfg.embedding_max_model_len if embedding else cfg.max_model_len,
+    }
+    replicas = None if embedding else _replicas(gateway)
+    if replicas is not None:
+        card["replicas"] = replicas
+    return card
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    await gateway.learn_model_facts_if_ready()
+    names = [*gateway.config.served_model_names, *gateway.config.embedding_model_names]
+    return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in names]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    await gateway.learn_model_facts_if_ready()
+    name = request.match_info["model"]
+    if name not in gateway.config.embedding_model_names:
+        name = gateway.resolve_model(name)
+    return web.json_response(_model_card(gateway, name))
+
+
+async def health(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    if gateway.draining:  # SIGTERM: out of the load balancer at once, while in-flight requests finish
+        raise shutting_down()
+    # Always a fresh probe: load balancers act on this answer.
+    if not await gateway.backend.ready():
+        raise backend_unavailable()
+    if gateway.embedder is not None and not await gateway.embedder.ready():
+        raise backend_unavailable("the embedding model is not ready")
+    replicas = _replicas(gateway)  # several: 200 while at least one is ready
+    return web.json_response({"status": "ok"} if replicas is None else {"status": "ok", "replicas": replicas})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    try:
+        backend_text = await asyncio.wait_for(gateway.backend.metrics_text(), 5.0)
+    except asyncio.TimeoutError:
+        backend_text = "# backend metrics timed out\n"
+    text = gateway.metrics.render().decode("utf-8")
+    if backend_text:
+        text = text + ("" if text.endswith("\n") else "\n") + backend_text
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": request.app[GATEWAY].config.version})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    tok = gateway.require_tokenizer()
+    add_special = F.opt_bool(body, "add_special_tokens")
+    add_gen = F.opt_bool(body, "add_generation_prompt")
+    token_strs = F.opt_bool(body, "return_token_strs")
+    prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
+    if body.get("messages") is not None:
+        messages = parse_messages(body["messages"])
+        ids = await chat_prompt_ids(gateway, messages, True if add_gen is None else add_gen)
+    elif prompt is not None:
+        ids = await tok.encode_async(prompt, add_special_tokens=True if add_special is None else add_special)
+    else:
+        raise bad_request("'prompt' or 'messages' is required", param="prompt")
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": gateway.config.max_model_len, "tokens": ids}
+    if token_strs:
+        out["token_strs"] = tok.token_strings(ids)
+    return web.json_response(out)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    tok = gateway.require_tokenizer()
+    if body.get("tokens") is None:
+        raise bad_request("'tokens' is required", param="tokens")
+    ids = F.token_ids(body["tokens"], "tokens", tok.vocab_size, allow_empty=True)
+    return web.json_response({"prompt": tok.decode(ids, skip_special_tokens=False)})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return web.json_response(openapi_document(gateway.config.version, secured=bool(gateway.key_digests), vocab_size=gateway.vocab_size))

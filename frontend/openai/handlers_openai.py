@@ -1,0 +1,131 @@
+"""POST /v1/completions and POST /v1/chat/completions: validate, build the
+prompt(s), hand them to `generation.respond`."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
+from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
+from kvserve.frontend.openai.api_errors import ApiError, bad_request
+from kvserve.frontend.openai.generation import Call, respond
+from kvserve.frontend.http import request_span, request_tenant
+from kvserve.frontend.openai.protocol import GenerateRequest
+from kvserve.frontend.http import read_json_body
+from kvserve.frontend.http import effective_cache_salt
+from kvserve.frontend.http import GATEWAY, Gateway
+from kvserve.frontend.openai.tools import ToolRequest, render_messages
+from kvserve.frontend.backend_client import backend_traceparent
+
+
+def _context_error(prompt_len: int, max_tokens: int, limit: int, param: str) -> ApiError:
+    return ApiError(
+        400,
+        f"context_length_exceeded: this model's maximum context length is {limit} tokens; "
+        f"the request has {prompt_len} prompt tokens and asks for {max_tokens} more",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, param: str, *, fill_default: bool) -> None:
+    """Check prompt + max_tokens against --max-model-len when the gateway knows it
+    (the engine checks too; this only saves a round trip). For chat, a missing
+    max_tokens means "up to the context limit", as vLLM does."""
+    limit = gateway.config.max_model_len
+    if limit is None:
+        return
+    if "max_tokens" not in sampling:
+        if not fill_default:
+            return
+        if len(prompt_ids) >= limit:
+            raise _context_error(len(prompt_ids), 1, limit, param)
+        sampling["max_tokens"] = limit - len(prompt_ids)
+    elif len(prompt_ids) + sampling["max_tokens"] > limit:
+        raise _context_error(len(prompt_ids), sampling["max_tokens"], limit, param)
+
+
+def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
+    """Prefix-cache isolation: the engine sees a salt derived from the
+    authenticated tenant and the client's own `cache_salt`, never the client's
+    value alone, so one tenant cannot reuse (or time) another's cached prefixes."""
+    salt = effective_cache_salt(gateway.config.cache_salt_secret, request_tenant(), sampling.get("cache_salt"))
+    if salt is None:
+        sampling.pop("cache_salt", None)
+    else:
+        sampling["cache_salt"] = salt
+
+
+# Response and Triton request ids are always fresh uuids: the engine keys its
+# requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
+def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
+    traceparent = backend_traceparent(request_span())
+    return [
+        GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent)
+        for i, p in enumerate(prompts)
+    ]
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+    req: CompletionRequest = parse_completion(body, gateway.vocab_size)
+    model = gateway.resolve_model(req.model)
+    _apply_tenant_salt(gateway, req.sampling)
+    for prompt in req.prompts:
+        if isinstance(prompt, list):
+            _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
+    echo_texts = None
+    if req.echo:
+        echo_texts = [
+            p if isinstance(p, str) else gateway.require_tokenizer().decode(p, skip_special_tokens=False)
+            for p in req.prompts
+        ]
+    await gateway.ensure_ready()
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
+                include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param)
+    subs = _subrequests(request, rid, req.prompts, req.sampling, req.stream)
+    return await respond(request, gateway, call, subs, req.stream)
+
+
+async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool,
+                          tools: ToolRequest | None = None) -> list[int]:
+    tok = gateway.require_tokenizer()
+    template = gateway.chat_template()
+    # tool_choice "none": the tools stay out of the prompt (no call could be read back anyway).
+    messages, extra = render_messages(messages, tools.tools if tools is not None and tools.parses_calls else None,
+                                      template)
+    try:
+        text = render_chat(
+            template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+            extra=extra,
+        )
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    ids = await tok.encode_async(text, add_special_tokens=False)
+    if not ids:
+        raise bad_request("the rendered conversation is empty", param="messages")
+    return ids
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+    req: ChatRequest = parse_chat(body, gateway.vocab_size, gateway.config.tools)
+    model = gateway.resolve_model(req.model)
+    _apply_tenant_salt(gateway, req.sampling)
+    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools)
+    _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
+    await gateway.ensure_ready()
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
+                constraint_param=req.constraint_param, tools=req.tools)
+    subs = _subrequests(request, rid, [ids], req.sampling, req.stream)
+    return await respond(request, gateway, call, subs, req.stream)

@@ -1,0 +1,22 @@
+"""The gateway's routes and the handlers that answer them, in one table the app mounts."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from kvserve.frontend.openai import handlers_misc as misc
+from kvserve.frontend.openai.handlers_embeddings import create_embeddings
+from kvserve.frontend.openai.handlers_openai import create_chat_completion, create_completion
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/embeddings", create_embeddings)
+    app.router.add_get("/v1/models", misc.list_models, allow_head=False)
+    app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)
+    app.router.add_get("/health", misc.health, allow_head=False)
+    app.router.add_get("/metrics", misc.metrics, allow_head=False)
+    app.router.add_get("/version", misc.version, allow_head=False)
+    app.router.add_get("/openapi.json", misc.openapi, allow_head=False)
+    app.router.add_post("/tokenize", misc.tokenize)
+    app.router.add_post("/detokenize", misc.detokenize)

@@ -1,0 +1,105 @@
+"""Scheduler: token budget, max_num_seqs, chunked prefill, FCFS, preemption of the newest."""
+from __future__ import annotations
+
+from kvserve.backend.kv_cache.manager import KVCacheManager
+from kvserve.backend.engine.request import Request, RequestStatus
+from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.engine.scheduler import Scheduler
+
+
+def _sched(num_blocks=64, block_size=4, max_seqs=8, budget=32, caching=True):
+    return Scheduler(KVCacheManager(num_blocks, block_size, caching), max_seqs, budget)
+
+
+def _req(rid, n, start=0):
+    return Request(rid, list(range(start, start + n)), SamplingParams(max_tokens=8), cache_key=None)
+
+
+def _run(s: Scheduler, out, sample=7):
+    """Pretend the model ran: advance computed tokens and append a token to sampling requests."""
+    s.update_from_output(out, {sr.request_id: sample for sr in out.scheduled if sr.samples})
+
+
+def test_long_prompt_is_chunked_and_mixed_with_decodes():
+    s = _sched(budget=10)
+    s.add_request(_req("short", 3))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"short": 3} and out.scheduled[0].samples
+    _run(s, out)
+    s.add_request(_req("long", 25, start=100))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"short": 1, "long": 9}
+    long_chunk = next(x for x in out.scheduled if x.request_id == "long")
+    assert not long_chunk.samples and long_chunk.start_position == 0
+    _run(s, out)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"short": 1, "long": 9}
+    assert next(x for x in out.scheduled if x.request_id == "long").start_position == 9
+    assert sum(out.num_scheduled_tokens.values()) <= 10
+
+
+def test_max_num_seqs_and_fcfs():
+    s = _sched(max_seqs=2, budget=100)
+    for i in range(4):
+        s.add_request(_req(f"r{i}", 4, start=10 * i))
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == ["r0", "r1"]
+    assert [r.request_id for r in s.waiting] == ["r2", "r3"]
+
+
+def test_waiting_request_that_does_not_fit_blocks_later_ones():
+    s = _sched(num_blocks=5, block_size=4, budget=100)  # 4 usable blocks = 16 tokens
+    s.add_request(_req("big", 14))
+    s.add_request(_req("huge", 20, start=50))
+    s.add_request(_req("tiny", 1, start=90))
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == ["big"]  # tiny waits behind huge (FCFS)
+
+
+def test_preemption_takes_the_newest_and_requeues_it_first():
+    s = _sched(num_blocks=5, block_size=4, budget=100)  # 16 token slots
+    s.add_request(_req("old", 7))
+    s.add_request(_req("new", 7, start=20))
+    out = s.schedule()
+    _run(s, out)
+    _run(s, s.schedule())
+    # Both hold 2 blocks (8 slots) and have 9 tokens: the next step needs a third block each.
+    out = s.schedule()
+    assert out.preempted_request_ids == ["new"]
+    assert list(out.num_scheduled_tokens) == ["old"]
+    new = s.requests["new"]
+    assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and s.kv.block_ids("new") == []
+    assert s.waiting[0] is new and s.num_preemptions_total == 1
+
+
+def test_finish_frees_blocks_and_reports_the_id():
+    s = _sched()
+    s.add_request(_req("a", 5))
+    _run(s, s.schedule())
+    free_before = s.kv.num_free_blocks
+    s.finish_request("a", RequestStatus.FINISHED_ABORTED)
+    assert s.kv.num_free_blocks == free_before + 2
+    assert s.schedule().finished_request_ids == ["a"]
+    assert not s.has_unfinished()
+
+
+def test_abort_while_waiting_is_never_scheduled():
+    s = _sched(max_seqs=1)
+    s.add_request(_req("a", 3))
+    s.add_request(_req("b", 3, start=10))
+    s.schedule()
+    s.finish_request("b", RequestStatus.FINISHED_ABORTED)
+    assert "b" not in {x.request_id for _ in range(3) for x in s.schedule().scheduled}
+
+
+def test_prefix_cache_queries_count_each_prompt_once():
+    """A waiting request that fails to fit is looked up again next step, but counted only on admission."""
+    s = _sched(num_blocks=5, block_size=4, budget=100)
+    s.add_request(Request("a", list(range(12)), SamplingParams(max_tokens=8), cache_key=""))
+    s.add_request(Request("b", list(range(40, 52)), SamplingParams(max_tokens=8), cache_key=""))
+    _run(s, s.schedule())  # a takes 3 of 4 blocks; b cannot fit
+    _run(s, s.schedule())
+    assert s.kv.prefix_queries == 12
+    s.finish_request("a", RequestStatus.FINISHED_STOPPED)
+    _run(s, s.schedule())  # now b is admitted
+    assert s.kv.prefix_queries == 24 and s.kv.prefix_hits == 0

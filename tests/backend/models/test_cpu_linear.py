@@ -1,0 +1,34 @@
+"""oneDNN-packed float32 linears compute F.linear (to float32 rounding), and the CPU engine uses them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.backend import LLM
+from kvserve.backend.models import cpu_linear
+from kvserve.backend.models.cpu_linear import PackedLinear
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 64, 300])
+def test_packed_linear_is_f_linear(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(96, 80, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 80, generator=gen)
+    for bias in (None, b):
+        torch.testing.assert_close(PackedLinear(w, bias)(x), torch.nn.functional.linear(x, w, bias),
+                                   atol=1e-4, rtol=1e-5)
+    assert PackedLinear(w, b)(x.view(1, rows, 80)).shape == (1, rows, 96)
+
+
+def test_engine_packs_float32_cpu_models_only(llama_dir, monkeypatch):
+    assert cpu_linear.wants_cpu_linear(torch.device("cpu"), torch.float32, "none")
+    assert not cpu_linear.wants_cpu_linear(torch.device("cpu"), torch.bfloat16, "none")
+    assert not cpu_linear.wants_cpu_linear(torch.device("cpu"), torch.float32, "int8")
+    assert not cpu_linear.wants_cpu_linear(torch.device("cuda"), torch.float32, "none")
+    model = LLM(model=llama_dir, dtype="float32").engine.runner.model
+    assert isinstance(model.layers[0].gate_up_proj, PackedLinear) and isinstance(model.logits_proj, PackedLinear)
+    monkeypatch.setenv("KVSERVE_CPU_PACKED_LINEAR", "0")
+    model = LLM(model=llama_dir, dtype="float32").engine.runner.model
+    assert isinstance(model.layers[0].gate_up_proj, torch.nn.Linear) and model.logits_proj is None

@@ -1,0 +1,75 @@
+"""Weight-only int8/int4 layers compute x @ W.T of their dequantized weights; the engine runs with them."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kvserve.backend import LLM, SamplingParams
+from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.models.quantize import Int4Linear, Int8Linear, quantize_model
+from tests.conftest import tiny_model
+
+
+def _bf16_matmul(x, w):
+    return x.to(torch.bfloat16).float() @ w.t()
+
+
+def test_int8_linear_is_the_matmul_of_its_dequantized_weight():
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    layer = Int8Linear(w, b)
+    deq = layer.dequantized()
+    # Per channel, rounding moves a weight by at most half a step.
+    assert ((deq - w).abs() <= layer.scales.float()[:, None] / 2 + 1e-6).all()
+    x = torch.randn(2, 5, 64, generator=gen)
+    y = layer(x)
+    assert y.shape == (2, 5, 96) and y.dtype == torch.float32
+    torch.testing.assert_close(y, _bf16_matmul(x, deq) + b, atol=0.05, rtol=0.02)
+
+
+def test_int4_linear_is_exact_on_a_weight_it_can_represent():
+    """Groups of 32 whose values are lo + k * step (k in 0..15), lo and step exact in bfloat16:
+    int4 stores them exactly, so the product is x @ W.T up to bfloat16 activations. A wrong
+    zero-point convention or group layout would be off by whole steps."""
+    gen = torch.Generator().manual_seed(1)
+    out_f, in_f = 48, 128
+    codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
+    codes[:, ::32], codes[:, 1::32] = 0, 15  # every group spans the whole code range
+    step = torch.tensor([0.25, 0.125, 0.5, 0.0625]).repeat(out_f * in_f // 32 // 4).view(out_f, in_f // 32, 1)
+    lo = -(torch.arange(out_f * in_f // 32) % 5).float().view(out_f, in_f // 32, 1)
+    w = (lo + codes.view(out_f, in_f // 32, 32) * step).view(out_f, in_f)
+    layer = Int4Linear(w, None)
+    x = torch.randn(3, in_f, generator=gen)
+    torch.testing.assert_close(layer(x), _bf16_matmul(x, w), atol=0.05, rtol=0.01)
+
+
+def test_int4_needs_group_divisible_inputs():
+    with pytest.raises(ValueError, match="quantization: int4 needs input sizes divisible by 32"):
+        Int4Linear(torch.randn(8, 40), None)
+
+
+def test_config_refuses_unknown_modes_and_non_cpu_devices(llama_dir):
+    with pytest.raises(ValueError, match="quantization: must be one of"):
+        EngineConfig(model=llama_dir, quantization="fp8")
+    with pytest.raises(ValueError, match="quantization: 'int8' uses torch's CPU kernels"):
+        quantize_model(torch.nn.Module(), "int8", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied lm_head; tied embedding with qkv bias
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_engine_with_quantized_weights_mostly_agrees_with_float(arch, mode):
+    model_dir = tiny_model(arch)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (4, 9, 17, 30, 45, 60)]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, params)]
+    llm = LLM(model=model_dir, dtype="float32", quantization=mode)
+    layer = llm.engine.runner.model.layers[0]
+    assert isinstance(layer.qkv_proj, Int8Linear if mode == "int8" else Int4Linear)
+    assert llm.engine.runner.model.logits_proj is not None
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert all(len(g) == 4 for g in got)
+    first_agree = sum(g[0] == r[0] for g, r in zip(got, ref))
+    assert first_agree >= 4, (got, ref)

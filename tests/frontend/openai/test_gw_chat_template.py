@@ -1,0 +1,62 @@
+"""Chat template rendering and tokenizer files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvserve.frontend.openai.chat_template import FALLBACK_TEMPLATE, ChatTemplateError, render_chat, resolve_template_arg
+from kvserve.seam.tokenizer import ModelTokenizer
+
+from gw_fakes import make_tokenizer_dir
+
+
+def test_tokenizer_files_give_special_tokens_and_template(tokenizer_dir: Path) -> None:
+    tok = ModelTokenizer.from_folder(tokenizer_dir)
+    assert tok.bos_token == "<s>" and tok.eos_token == "</s>"  # string and AddedToken-dict forms
+    assert "im_start" in tok.chat_template
+    ids = tok.encode("<|im_start|>user", add_special_tokens=False)
+    assert tok.token_strings(ids)[0] == "<|im_start|>"  # special tokens in text stay single tokens
+    assert tok.decode(ids, skip_special_tokens=False) == "<|im_start|>user"
+
+
+def test_render_matches_hf_semantics() -> None:
+    template = "{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}"
+    msgs = [{"role": "user", "content": " hi "}]
+    assert render_chat(template, msgs, eos_token="</s>") == "[user]hi[assistant]</s>"
+    assert render_chat(template, msgs, add_generation_prompt=False) == "[user]hi"
+
+
+def test_template_helpers_and_errors() -> None:
+    assert render_chat("{{ messages | tojson }}", [{"role": "user", "content": "é"}]) == '[{"role": "user", "content": "é"}]'
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        render_chat("{{ raise_exception('roles must alternate') }}", [])
+    with pytest.raises(ChatTemplateError):
+        render_chat("{{ messages[5].content }}", [])  # a broken template is a 400, not a 500
+    with pytest.raises(ChatTemplateError):  # sandboxed: no attribute escapes
+        render_chat("{{ ''.__class__.__mro__[1].__subclasses__() }}", [])
+
+
+def test_fallback_template_for_models_without_one() -> None:
+    out = render_chat(FALLBACK_TEMPLATE, [{"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_template_jinja_file_and_list_form(tmp_path: Path) -> None:
+    d = make_tokenizer_dir(tmp_path / "a", template=None)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert ModelTokenizer.from_folder(d).chat_template == "D"
+    (d / "chat_template.jinja").write_text("J")
+    assert ModelTokenizer.from_folder(d).chat_template == "J"
+
+
+def test_chat_template_flag_takes_file_or_text(tmp_path: Path) -> None:
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ 1 }}")
+    assert resolve_template_arg(str(f)) == "{{ 1 }}"
+    assert resolve_template_arg("{% if x %}y{% endif %}") == "{% if x %}y{% endif %}"
+    with pytest.raises(FileNotFoundError):
+        resolve_template_arg(str(tmp_path / "missing.jinja"))

@@ -1,0 +1,185 @@
+"""The gateway against an in-memory backend, through the official openai client."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from gw_fakes import WORDS, get, post
+from kvserve.frontend.http.cache_salt import effective_cache_salt
+
+
+def words(start: int, count: int) -> str:
+    return " ".join(WORDS[(start + k) % len(WORDS)] for k in range(count))
+
+
+def test_completion_non_streaming(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="tiny", prompt="one two three", max_tokens=4)
+    assert out.object == "text_completion" and out.id.startswith("cmpl-")
+    assert out.model == "tiny"
+    assert [c.text for c in out.choices] == [words(0, 4)]
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.prompt_tokens == 3 and out.usage.completion_tokens == 4 and out.usage.total_tokens == 7
+    assert out.usage.prompt_tokens_details.cached_tokens == 1
+
+
+def test_alias_and_default_model(client: openai.OpenAI, server) -> None:
+    out = client.completions.create(model="tiny-alias", prompt="x", max_tokens=1)
+    assert out.model == "tiny-alias"
+    body = post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}).json()
+    assert body["model"] == "tiny"
+
+
+def test_completion_n2_and_multiple_prompts_are_indexed_like_openai(client: openai.OpenAI, server) -> None:
+    out = client.completions.create(model="tiny", prompt=["a b", "c d e"], n=2, max_tokens=2)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [words(0, 2), words(1, 2), words(0, 2), words(1, 2)]
+    assert out.usage.prompt_tokens == 5  # each prompt once, not once per choice
+    assert out.usage.completion_tokens == 8
+    sent = server.backend.requests[-2:]
+    assert {r.request_id[-2:] for r in sent} == {"-0", "-1"} and all(r.sampling["n"] == 2 for r in sent)
+
+
+def test_token_id_prompts_go_as_input_ids(client: openai.OpenAI, server) -> None:
+    client.completions.create(model="tiny", prompt=[[5, 6, 7], [8]], max_tokens=1)
+    assert [r.prompt for r in server.backend.requests[-2:]] == [[5, 6, 7], [8]]
+
+
+def test_sampling_fields_reach_the_engine_with_its_names(client: openai.OpenAI, server) -> None:
+    client.completions.create(
+        model="tiny", prompt="p", max_tokens=3, temperature=0.5, top_p=0.9, seed=7, stop="zzz",
+        presence_penalty=0.1, frequency_penalty=0.2, logit_bias={"5": 1.5},
+        extra_body={"top_k": 0, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 1,
+                    "stop_token_ids": [3], "cache_salt": "tenant-1"},
+    )
+    s = server.backend.requests[-1].sampling
+    assert s == {"n": 1, "max_tokens": 3, "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["zzz"],
+                 "presence_penalty": 0.1, "frequency_penalty": 0.2, "logit_bias": {"5": 1.5}, "top_k": -1,
+                 "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 1,
+                 "stop_token_ids": [3],
+                 "cache_salt": effective_cache_salt(server.config.cache_salt_secret, None, "tenant-1")}
+    assert s["cache_salt"] != "tenant-1"  # the engine never sees a client's salt alone (tenant isolation)
+
+
+def test_stop_string_truncates_and_reports_stop(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="tiny", prompt="p", max_tokens=10, stop=["gamma"])
+    assert out.choices[0].text == "alpha beta "
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_completion_streaming_with_usage(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model="tiny", prompt="a b", n=2, max_tokens=3, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert all(c.object == "text_completion" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    *content, usage = chunks
+    assert usage.choices == [] and usage.usage.completion_tokens == 6 and usage.usage.prompt_tokens == 2
+    assert all(c.usage is None for c in content)
+    for idx in (0, 1):
+        mine = [c.choices[0] for c in content if c.choices[0].index == idx]
+        assert "".join(c.text for c in mine) == words(idx, 3)
+        assert [c.finish_reason for c in mine] == [None, None, "length"]  # on the last content chunk
+
+
+def test_echo_prepends_prompt(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="tiny", prompt="hello", max_tokens=1, echo=True)
+    assert out.choices[0].text == "hello" + words(0, 1)
+    streamed = list(client.completions.create(model="tiny", prompt="hello", max_tokens=1, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == "hello" + words(0, 1)
+
+
+def test_completion_logprobs(client: openai.OpenAI, server) -> None:
+    """The backend sends token ids and logprobs; the gateway renders each token's text."""
+    text = server.tokenizer.token_text
+    out = client.completions.create(model="tiny", prompt="p", max_tokens=3, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert lp.tokens == [text(100), text(101), text(102)] and all(lp.tokens)
+    assert lp.token_logprobs == [-0.25] * 3
+    offsets = [0, len(text(100)), len(text(100)) + len(text(101))]
+    assert lp.text_offset == offsets
+    assert lp.top_logprobs[0] == {text(200): -1.0, text(201): -2.0, text(100): -0.25}
+    streamed = list(client.completions.create(model="tiny", prompt="p", max_tokens=3, logprobs=0, stream=True))
+    assert [c.choices[0].logprobs.text_offset for c in streamed] == [[o] for o in offsets]
+
+
+def test_chat_non_streaming(client: openai.OpenAI, server) -> None:
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}],
+        max_completion_tokens=3,
+    )
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == words(0, 3)
+    assert out.choices[0].finish_reason == "length"
+    prompt = server.backend.requests[-1].prompt
+    assert isinstance(prompt, list)  # rendered and tokenized by the gateway
+    text = server.tokenizer.decode(prompt, skip_special_tokens=False)
+    assert text == "<s><|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello\nworld<|im_end|>\n<|im_start|>assistant\n"
+    assert out.usage.prompt_tokens == len(prompt)
+
+
+def test_chat_streaming_shapes(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=2, stream=True,
+        stream_options={"include_usage": True},
+    ))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    *content, usage = chunks
+    assert usage.choices == [] and usage.usage.completion_tokens == 4
+    for idx in (0, 1):
+        mine = [c.choices[0] for c in content if c.choices[0].index == idx]
+        assert mine[0].delta.role == "assistant" and mine[0].delta.content == ""
+        assert "".join(c.delta.content or "" for c in mine[1:]) == words(idx, 2)
+        assert [c.finish_reason for c in mine] == [None, None, "length"]
+
+
+def test_chat_logprobs(client: openai.OpenAI, server) -> None:
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=2, logprobs=True, top_logprobs=1)
+    content = out.choices[0].logprobs.content
+    text = server.tokenizer.token_text
+    assert [c.token for c in content] == [text(100), text(101)]
+    assert content[0].bytes == list(text(100).encode()) and content[0].logprob == -0.25
+    assert [(t.token, t.logprob) for t in content[0].top_logprobs] == [(text(200), -1.0)]
+    assert server.backend.requests[-1].sampling["logprobs"] == 1
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    assert plain.choices[0].logprobs is None and "logprobs" not in server.backend.requests[-1].sampling
+
+
+def test_models_routes(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny", "tiny-alias"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_tokenize_detokenize_roundtrip(server) -> None:
+    r = post(f"{server.url}/tokenize", {"prompt": "hello world", "return_token_strs": True})
+    assert r.status == 200
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > 0 and len(body["token_strs"]) == body["count"]
+    back = post(f"{server.url}/detokenize", {"tokens": body["tokens"]}).json()
+    assert back == {"prompt": "hello world"}
+    chat = post(f"{server.url}/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    text = post(f"{server.url}/detokenize", {"tokens": chat["tokens"]}).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_health_version_metrics_openapi(server) -> None:
+    assert get(f"{server.url}/health").status == 200
+    server.backend.is_ready = False
+    try:
+        r = get(f"{server.url}/health")
+        assert r.status == 503 and r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        server.backend.is_ready = True
+    assert get(f"{server.url}/version").json()["version"]
+    metrics = get(f"{server.url}/metrics").text
+    assert 'kvserve:http_requests_total{route="/health",status="200"}' in metrics
+    assert "kvserve:http_streams_in_flight" in metrics
+    assert "kvserve:num_requests_running 0.0" in metrics  # the backend's text follows the gateway's
+    doc = get(f"{server.url}/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
+    assert doc["components"]["schemas"]["CompletionRequest"]["properties"]["n"]["maximum"] == 16

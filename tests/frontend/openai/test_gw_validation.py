@@ -1,0 +1,123 @@
+"""Request validation: types, ranges, normalisation into SamplingParams names."""
+from __future__ import annotations
+
+import pytest
+
+from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
+from kvserve.frontend.openai.api_errors import ApiError
+
+
+def bad(fn, body, vocab=None) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        fn(body, vocab)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_prompt_forms() -> None:
+    assert parse_completion({"prompt": "hi"}, None).prompts == ["hi"]
+    assert parse_completion({"prompt": ["a", "b"]}, None).prompts == ["a", "b"]
+    assert parse_completion({"prompt": [1, 2]}, None).prompts == [[1, 2]]
+    assert parse_completion({"prompt": [[1], [2, 3]]}, None).prompts == [[1], [2, 3]]
+    for prompt in (None, "", [], [1, "a"], [[1], "a"], [[]], {"x": 1}, [True]):
+        assert bad(parse_completion, {"prompt": prompt}).param == "prompt", prompt
+
+
+def test_token_ids_are_checked_against_the_vocabulary() -> None:
+    assert bad(parse_completion, {"prompt": [5, 300]}, 300).param == "prompt"
+    assert bad(parse_completion, {"prompt": [-1]}).param == "prompt"
+    assert bad(parse_completion, {"prompt": "x", "stop_token_ids": [300]}, 300).param == "stop_token_ids"
+    assert bad(parse_completion, {"prompt": "x", "logit_bias": {"300": 1}}, 300).param == "logit_bias"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", 2.5), ("temperature", "1"), ("temperature", float("nan")),
+    ("temperature", 10**400), ("top_p", -(10**400)), ("timeout", 10**400),
+    ("top_p", 0), ("top_p", 1.5), ("top_k", -2), ("top_k", 1.5), ("min_p", 1.1),
+    ("n", 0), ("n", 17), ("n", True), ("max_tokens", 0), ("max_tokens", "5"), ("min_tokens", -1),
+    ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5),
+    ("seed", 1.5), ("seed", 2**64), ("seed", 2**63), ("top_k", 2**70), ("max_tokens", 2**63),
+    ("logprobs", 21), ("logprobs", -1), ("echo", 1), ("ignore_eos", "yes"),
+    ("stop", ""), ("stop", [""]), ("stop", ["x"] * 65), ("stop", "s" * 300), ("stream", "true"),
+    ("user", 5), ("cache_salt", ""), ("logit_bias", {"1": 101}), ("logit_bias", []), ("best_of", 3),
+])
+def test_field_errors_name_the_field(field: str, value: object) -> None:
+    err = bad(parse_completion, {"prompt": "x", field: value})
+    assert err.param == field
+
+
+def test_sampling_holds_only_what_was_set_plus_n() -> None:
+    req = parse_completion({"prompt": "x"}, None)
+    assert req.sampling == {"n": 1}
+    req = parse_completion({"prompt": "x", "stop": "END", "top_k": 0, "logprobs": 0, "n": 3, "max_tokens": 5,
+                            "min_tokens": 2, "seed": 0, "logit_bias": {"7": -100}}, None)
+    assert req.sampling == {"n": 3, "stop": ["END"], "top_k": -1, "logprobs": 0, "max_tokens": 5,
+                            "min_tokens": 2, "seed": 0, "logit_bias": {"7": -100.0}}
+    assert req.logprobs == 0
+
+
+def test_cross_field_rules() -> None:
+    assert bad(parse_completion, {"prompt": "x", "min_tokens": 5, "max_tokens": 2}).param == "min_tokens"
+    assert bad(parse_completion, {"prompt": "x", "echo": True, "logprobs": 1}).param == "echo"
+    assert bad(parse_completion, {"prompt": ["a"] * 100, "n": 16}).param == "n"
+    assert bad(parse_chat, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).param == "top_logprobs"
+    ok = parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, None)
+    assert ok.include_usage and ok.stream
+    lenient = parse_completion({"prompt": "x", "stream_options": {"include_usage": True}}, None)
+    assert not lenient.include_usage  # ignored when not streaming
+
+
+def test_chat_messages() -> None:
+    req = parse_chat({"messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "bob"},
+        {"role": "assistant", "content": None},
+    ], "max_completion_tokens": 4, "max_tokens": 9, "logprobs": True}, None)
+    assert req.messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "a\nb", "name": "bob"},
+                            {"role": "assistant", "content": ""}]
+    assert req.sampling["max_tokens"] == 4  # max_completion_tokens wins
+    assert req.sampling["logprobs"] == 0 and req.logprobs
+    for messages in ([], None, [{"role": "robot", "content": "x"}], [{"role": {}, "content": "x"}], [{"role": "user"}], ["hi"],
+                     [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": None}]):
+        assert bad(parse_chat, {"messages": messages}).param == "messages", messages
+
+
+def test_unsupported_chat_features() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    assert bad(parse_chat, {"messages": msgs, "response_format": {"type": "json_schema"}}).param == "response_format"
+    assert bad(parse_chat, {"messages": msgs, "tools": [{"type": "function"}]}).param == "tools"
+    assert parse_chat({"messages": msgs, "response_format": {"type": "text"}, "tools": []}, None).messages == msgs
+
+
+@pytest.mark.parametrize("field, value", [
+    ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
+    ("use_beam_search", True), ("prompt_logprobs", 1),
+    ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("truncate_prompt_tokens", 8)])
+def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
+    # Ignored, they would return ordinary output where the client asked for constrained output.
+    msgs = [{"role": "user", "content": "x"}]
+    for parse, body in ((parse_completion, {"prompt": "x"}), (parse_chat, {"messages": msgs})):
+        err = bad(parse, {**body, field: value})
+        assert err.param == field and err.code == "unsupported_parameter"
+        assert parse({**body, field: None}, None)  # the default value is accepted
+
+
+def test_a_zero_is_a_setting_not_the_default() -> None:
+    assert bad(parse_completion, {"prompt": "x", "prompt_logprobs": 0}).param == "prompt_logprobs"
+
+
+def test_chat_only_extensions_are_refused_in_chat() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    for field in ("continue_final_message", "echo"):
+        assert bad(parse_chat, {"messages": msgs, field: True}).param == field
+        assert parse_chat({"messages": msgs, field: False}, None).messages == msgs
+    assert parse_completion({"prompt": "x", "echo": True}, None).echo  # completions' echo is supported
+
+
+def test_unknown_fields_are_ignored() -> None:
+    assert parse_completion({"prompt": "x", "frobnicate": 1, "metadata": {"a": 1}}, None).sampling == {"n": 1}
+
+
+def test_messages_do_not_echo_long_values() -> None:
+    err = bad(parse_completion, {"prompt": "x", "response_format": {"type": "z" * 5000}})
+    assert len(err.message) < 200
