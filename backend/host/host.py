@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from .grpc_service import InferenceServicer
+from .kserve.grpc_service import InferenceServicer
 from .http_endpoints import HttpEndpoints
-from .raw_requests import add_servicer
+from .kserve.raw_requests import add_servicer
 from .host_metrics import REGISTRY, HostMetrics
 from .pb_utils.host_hooks import set_model_ready_hook
 from .repository import ModelRepository

@@ -16,7 +16,7 @@ from typing import Callable
 
 from tritonclient.grpc import service_pb2 as pb
 
-from .codec import encode_response
+from .kserve.codec import encode_response
 from .host_metrics import HostMetrics
 from .pb_utils.triton_errors import TritonError, TritonModelException
 from .pb_utils.response import TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceResponse

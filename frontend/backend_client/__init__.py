@@ -1,6 +1,6 @@
-"""The gateway's side of the gRPC seam: the tritonclient BackendClient and its codec, the embed
-client, fan-out of one call's prompts, readiness, the tracing seam, and replicas/ (several
-backends behind one client)."""
+"""The gateway's side of the gRPC seam: `protocol` (the contract between the routes and whatever
+runs the model), the tritonclient BackendClient and its codec, the embed client, fan-out of one
+call's prompts, readiness, the tracing seam, and replicas/ (several backends behind one client)."""
 from __future__ import annotations
 
 import importlib
@@ -8,9 +8,23 @@ import importlib
 # Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
 # import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
 _EXPORTS = {
+    "BackendClient": ".protocol",
+    "BackendError": ".protocol",
+    "BackendFailed": ".protocol",
+    "BackendRejected": ".protocol",
+    "BackendUnavailable": ".protocol",
+    "ChoiceDelta": ".protocol",
+    "EmbedRequest": ".protocol",
+    "EmbedResult": ".protocol",
+    "EmbeddingBackend": ".protocol",
     "Fanout": ".fanout",
+    "GenerateRequest": ".protocol",
+    "ModelFacts": ".protocol",
     "ReadinessCache": ".readiness",
     "ServerSpan": ".tracing_seam",
+    "ShuttingDown": ".protocol",
+    "TokenLogprob": ".protocol",
+    "TopLogprob": ".protocol",
     "TritonBackendClient": ".triton_client",
     "TritonEmbeddingClient": ".embed_client",
     "UNMATCHED_ROUTE": ".tracing_seam",

@@ -13,7 +13,7 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2
 
-from kvserve.frontend.openai import (
+from kvserve.frontend.backend_client.protocol import (
     BackendError,
     BackendFailed,
     BackendRejected,

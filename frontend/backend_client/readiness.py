@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvserve.frontend.openai import BackendClient
+from kvserve.frontend.backend_client.protocol import BackendClient
 
 
 class ReadinessCache:

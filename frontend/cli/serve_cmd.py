@@ -25,7 +25,7 @@ from kvserve.frontend.cli.default_model import DEFAULT_MODEL_NAME, gateway_model
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.cli.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.cli.model_info import derive_max_model_len
-from kvserve.frontend.openai import BackendClient
+from kvserve.frontend.backend_client import BackendClient
 from kvserve.frontend.backend_client import (add_replica_flags, build_backend, is_remote, positive_number,
                                              validate_replica_flags)
 from kvserve.frontend.backend_client import is_dns_url

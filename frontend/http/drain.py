@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Callable
 
-from kvserve.frontend.openai import ShuttingDown
+from kvserve.frontend.backend_client import ShuttingDown
 from kvserve.frontend.http.gateway import Gateway
 
 log = logging.getLogger("kvserve.frontend.serve")

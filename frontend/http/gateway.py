@@ -14,7 +14,7 @@ from kvserve.frontend.http.api_keys import key_digest
 from kvserve.frontend.openai import FALLBACK_TEMPLATE
 from kvserve.frontend.http.gateway_config import GatewayConfig
 from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.openai import BackendClient, BackendUnavailable, EmbeddingBackend
+from kvserve.frontend.backend_client import BackendClient, BackendUnavailable, EmbeddingBackend
 from kvserve.frontend.backend_client import ReadinessCache
 from kvserve.observability.metrics_gateway import GatewayMetrics
 

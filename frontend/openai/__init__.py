@@ -1,7 +1,6 @@
 """The OpenAI routes (completions, chat, embeddings, models, tokenize) and their helpers: request
 parsing, the chat template, tools and tool parsers, structured requests, logprobs, response
-bodies, the OpenAI error objects, the OpenAPI description, and `protocol`, the contract with
-whatever runs the model."""
+bodies, the OpenAI error objects, the OpenAPI description, and the table of routes the app mounts."""
 from __future__ import annotations
 
 import importlib
@@ -10,24 +9,10 @@ import importlib
 # import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
 _EXPORTS = {
     "ApiError": ".api_errors",
-    "BackendClient": ".protocol",
-    "BackendError": ".protocol",
-    "BackendFailed": ".protocol",
-    "BackendRejected": ".protocol",
-    "BackendUnavailable": ".protocol",
-    "ChoiceDelta": ".protocol",
-    "EmbedRequest": ".protocol",
-    "EmbedResult": ".protocol",
-    "EmbeddingBackend": ".protocol",
     "FALLBACK_TEMPLATE": ".chat_template",
-    "GenerateRequest": ".protocol",
-    "ModelFacts": ".protocol",
     "PUBLIC_PATHS": ".openapi",
-    "ShuttingDown": ".protocol",
     "TOOL_PARSERS": ".tools",
-    "TokenLogprob": ".protocol",
     "ToolSettings": ".tools",
-    "TopLogprob": ".protocol",
     "add_routes": ".routes",
     "backend_unavailable": ".api_errors",
     "bad_request": ".api_errors",

@@ -112,7 +112,7 @@ def from_backend(exc: Exception, *, prompt_param: str, constraint_param: str | N
     """
     # Imported here: protocol.py is plain data, but keeping errors.py free of it
     # lets every module import errors without cycles.
-    from kvserve.frontend.openai.protocol import BackendRejected, BackendUnavailable, ShuttingDown
+    from kvserve.frontend.backend_client import BackendRejected, BackendUnavailable, ShuttingDown
 
     if isinstance(exc, BackendRejected):
         if exc.overloaded:

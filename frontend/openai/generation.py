@@ -16,7 +16,7 @@ from aiohttp import web
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
 from kvserve.frontend.backend_client import Fanout
 from kvserve.frontend.http import request_id, request_span
-from kvserve.frontend.openai.protocol import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.backend_client import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,

@@ -12,7 +12,7 @@ from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
 from kvserve.frontend.openai.api_errors import ApiError, bad_request
 from kvserve.frontend.openai.generation import Call, respond
 from kvserve.frontend.http import request_span, request_tenant
-from kvserve.frontend.openai.protocol import GenerateRequest
+from kvserve.frontend.backend_client import GenerateRequest
 from kvserve.frontend.http import read_json_body
 from kvserve.frontend.http import effective_cache_salt
 from kvserve.frontend.http import GATEWAY, Gateway

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvserve.frontend.openai.protocol import TokenLogprob
+from kvserve.frontend.backend_client import TokenLogprob
 
 TokenText = Callable[[int], str]
 

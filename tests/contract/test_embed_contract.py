@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from kvserve.backend.embed.embed_codec import embed_tensors
 from kvserve.backend.embed.embedder import EmbedderConfig
 from kvserve.frontend.backend_client.embed_client import build_embed_request, classify_embed_error, parse_embed_response
-from kvserve.frontend.openai.protocol import BackendRejected, EmbedRequest
+from kvserve.frontend.backend_client.protocol import BackendRejected, EmbedRequest
 from kvserve.seam import embed_tensors as T
 from kvserve.seam.error_wire import ErrorKind, WireError
 from tests.contract.import_graph import ROOT, imports_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve.frontend.openai.api_errors import from_backend
-from kvserve.frontend.openai.protocol import BackendFailed, BackendRejected
+from kvserve.frontend.backend_client.protocol import BackendFailed, BackendRejected
 from kvserve.frontend.backend_client.grpc_codec import classify_error
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 

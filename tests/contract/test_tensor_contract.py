@@ -13,7 +13,7 @@ from kvserve.backend.triton import model_tensors as backend_codec
 from kvserve.backend.engine.config import EngineConfig
 from kvserve.backend.engine.outputs import CompletionOutput, TokenLogprob
 from kvserve.frontend.backend_client import grpc_codec as gateway_codec
-from kvserve.frontend.openai.protocol import GenerateRequest
+from kvserve.frontend.backend_client.protocol import GenerateRequest
 from kvserve.seam import tensors as T
 from tests.contract.import_graph import ROOT
 
@@ -106,7 +106,7 @@ def test_config_parameters_are_engine_config_fields() -> None:
 
 def test_logprobs_cross_as_numbers_and_come_back_whole() -> None:
     """The backend's [tokens, 1 + k] arrays, serialised by the embedded host, read back as the same entries."""
-    from kvserve.backend.host.codec import encode_response
+    from kvserve.backend.host.kserve.codec import encode_response
     from kvserve.backend.host.pb_utils import InferenceResponse, Tensor
 
     entries = [TokenLogprob(5, -0.5, [(7, -1.25), (5, -0.5)]), TokenLogprob(9, -2.0, [(1, -0.75), (9, -2.0)])]
@@ -125,7 +125,7 @@ def test_a_describe_request_is_recognised_and_its_answer_read_back() -> None:
     the backend's answer, serialised by the embedded host, reads back as the same facts."""
     import json
 
-    from kvserve.backend.host.codec import encode_response
+    from kvserve.backend.host.kserve.codec import encode_response
     from kvserve.backend.host.pb_utils import InferenceResponse, Tensor
 
     msg = gateway_codec.build_describe_request("llm")

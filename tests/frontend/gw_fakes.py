@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kvserve.frontend.http.app import build_app, start_app
-from kvserve.frontend.openai.protocol import (
+from kvserve.frontend.backend_client.protocol import (
     BackendFailed,
     BackendRejected,
     BackendUnavailable,

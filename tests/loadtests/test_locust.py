@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.loadtests.bench.load_shapes import ShapeConfig, ramp, selected_shape, spike, steady
+from kvserve.loadtests.bench.sustained.load_shapes import ShapeConfig, ramp, selected_shape, spike, steady
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "bench" / "locustfile.py"
 CFG = ShapeConfig(users=10, spawn_rate=2, duration=100, spike_users=40, spike_at=30, spike_len=10)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.loadtests.compare import peer_install, peers
-from kvserve.loadtests.compare.peer_commands import (
+from kvserve.loadtests.compare.peers import peer_install, peers
+from kvserve.loadtests.compare.peers.peer_commands import (
     Settings, Workload, default_num_prompts, kvserve_bench_command, kvserve_server, llama_server,
     server_command, standard_workloads, vllm_bench_command, vllm_server,
 )
-from kvserve.loadtests.compare.peer_run import command_env
-from kvserve.loadtests.compare.peer_table import (
+from kvserve.loadtests.compare.peers.peer_run import command_env
+from kvserve.loadtests.compare.peers.peer_table import (
     build_document, build_ratios, failed_record, format_table, read_result, record_from_result,
 )
 

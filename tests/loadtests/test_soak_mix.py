@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from kvserve.loadtests.bench import soak
-from kvserve.loadtests.bench.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body
+from kvserve.loadtests.bench.sustained import soak
+from kvserve.loadtests.bench.sustained.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body
 from tests.conftest import tiny_model
 from tests.reliability.served import start_served
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
-from kvserve.frontend.openai.protocol import BackendRejected, GenerateRequest
+from kvserve.frontend.backend_client.protocol import BackendRejected, GenerateRequest
 from kvserve.frontend.backend_client.triton_client import TritonBackendClient
 from kvserve.seam.error_wire import ErrorKind
 from tests.conftest import MODEL_CACHE

@@ -5,7 +5,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from kvserve.frontend.openai.protocol import BackendRejected, BackendUnavailable, ChoiceDelta, GenerateRequest
+from kvserve.frontend.backend_client.protocol import BackendRejected, BackendUnavailable, ChoiceDelta, GenerateRequest
 from kvserve.seam.error_wire import ErrorKind
 
 

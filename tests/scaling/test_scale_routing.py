@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.frontend.openai.protocol import BackendRejected, BackendUnavailable
+from kvserve.frontend.backend_client.protocol import BackendRejected, BackendUnavailable
 from kvserve.frontend.backend_client.replicas.flags import build_backend, validate_replica_flags
 from kvserve.frontend.backend_client.replicas.sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
 from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet

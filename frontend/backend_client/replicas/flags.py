@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvserve.frontend.openai import BackendClient
+from kvserve.frontend.backend_client.protocol import BackendClient
 from kvserve.frontend.backend_client.replicas.sources import Target, default_metrics_url, is_dns_url, sources_from_flags
 from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy

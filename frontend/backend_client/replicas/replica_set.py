@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
-from kvserve.frontend.openai import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
-                                       GenerateRequest, ModelFacts)
+from kvserve.frontend.backend_client.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
+                                                 GenerateRequest, ModelFacts)
 from kvserve.frontend.backend_client.replicas.router_metrics import RouterMetrics
 from kvserve.frontend.backend_client.replicas.sources import Source, Target, gather_targets
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose

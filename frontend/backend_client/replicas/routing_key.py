@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
-from kvserve.frontend.openai import GenerateRequest
+from kvserve.frontend.backend_client.protocol import GenerateRequest
 from kvserve.seam.tokenizer import ModelTokenizer
 
 DEFAULT_BLOCK_SIZE = 16

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvserve.backend.host import pb_utils
-from kvserve.backend.host.codec import encode_response
+from kvserve.backend.host.kserve.codec import encode_response
 from kvserve.backend.host.pb_utils.dtypes import deserialize_bytes_tensor
 
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from kvserve.frontend.backend_client.fanout import ConsumerTooSlow, Fanout, delta_size
-from kvserve.frontend.openai.protocol import ChoiceDelta, GenerateRequest
+from kvserve.frontend.backend_client.protocol import ChoiceDelta, GenerateRequest
 
 
 class EndlessBackend:

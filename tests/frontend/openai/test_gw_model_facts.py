@@ -7,7 +7,7 @@ import asyncio
 from kvserve.frontend.http import gateway as gateway_module
 from kvserve.frontend.http.gateway import Gateway
 from kvserve.frontend.http.gateway_config import GatewayConfig
-from kvserve.frontend.openai.protocol import BackendUnavailable, ModelFacts
+from kvserve.frontend.backend_client.protocol import BackendUnavailable, ModelFacts
 
 
 class _DescribeBackend:

@@ -28,12 +28,12 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from kvserve.loadtests.compare import peer_install
-from kvserve.loadtests.compare.peer_commands import (
+from kvserve.loadtests.compare.peers import peer_install
+from kvserve.loadtests.compare.peers.peer_commands import (
     CLIENTS, SERVERS, Settings, Workload, client_command, server_command, standard_workloads,
 )
-from kvserve.loadtests.compare.peer_run import ServerProcess, free_port, run_client
-from kvserve.loadtests.compare.peer_table import (
+from kvserve.loadtests.compare.peers.peer_run import ServerProcess, free_port, run_client
+from kvserve.loadtests.compare.peers.peer_table import (
     RunRecord, build_document, failed_record, format_table, read_result, record_from_result, write_document,
 )
 

@@ -15,11 +15,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from .codec import decode_inputs, parameter_value
-from .infer_errors import InferError
-from .pb_utils.dtypes import CONFIG_TO_WIRE
-from .pb_utils.triton_errors import TritonError
-from .pb_utils.inference_request import TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-from .pb_utils.tensor import Tensor
+from ..infer_errors import InferError
+from ..pb_utils.dtypes import CONFIG_TO_WIRE
+from ..pb_utils.triton_errors import TritonError
+from ..pb_utils.inference_request import TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+from ..pb_utils.tensor import Tensor
 
 _LOG = logging.getLogger("kvserve.host")
 EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kvserve.loadtests.compare.peer_commands import Command
+from kvserve.loadtests.compare.peers.peer_commands import Command
 
 
 def free_port() -> int:

@@ -14,11 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from .infer_errors import InferError
-from .pb_utils.dtypes import WIRE_TO_NUMPY, serialize_byte_tensor, wire_dtype_of
-from .pb_utils.triton_errors import TritonError
-from .pb_utils.response import InferenceResponse
-from .pb_utils.tensor import Tensor
+from ..infer_errors import InferError
+from ..pb_utils.dtypes import WIRE_TO_NUMPY, serialize_byte_tensor, wire_dtype_of
+from ..pb_utils.triton_errors import TritonError
+from ..pb_utils.response import InferenceResponse
+from ..pb_utils.tensor import Tensor
 
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",

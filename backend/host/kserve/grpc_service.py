@@ -14,15 +14,15 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from .infer_errors import InferError, grpc_status
+from ..infer_errors import InferError, grpc_status
 from .grpc_stream import StreamSession
-from .host_metrics import HostMetrics
+from ..host_metrics import HostMetrics
 from tritonclient.grpc import model_config_pb2 as mc
-from .pb_utils.dtypes import CONFIG_TO_WIRE
-from .pb_utils.triton_errors import TritonError
-from .pb_utils.inference_request import new_server_request
-from .repository import ModelRepository, parse_version
-from .request_handle import Delivery, RequestHandle
+from ..pb_utils.dtypes import CONFIG_TO_WIRE
+from ..pb_utils.triton_errors import TritonError
+from ..pb_utils.inference_request import new_server_request
+from ..repository import ModelRepository, parse_version
+from ..request_handle import Delivery, RequestHandle
 from .raw_requests import DecodeError, parse_message
 from .request_parse import parse_request_async
 

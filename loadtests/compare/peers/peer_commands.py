@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvserve.loadtests.compare.peer_install import VllmInstall
+from kvserve.loadtests.compare.peers.peer_install import VllmInstall
 
 SERVERS = ("kvserve", "vllm", "llama.cpp")
 CLIENTS = ("vllm-bench", "kvserve-bench")

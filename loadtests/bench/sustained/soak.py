@@ -1,7 +1,7 @@
 """Soak test: N minutes of mixed load against a running kvserve, watching the
 server's processes for leaks.
 
-    python -m kvserve.loadtests.bench.soak --url http://127.0.0.1:8000 --minutes 30 \\
+    python -m kvserve.loadtests.bench.sustained.soak --url http://127.0.0.1:8000 --minutes 30 \\
         --concurrency 16 [--api-key KEY] [--pid PID] [--out soak.json]
 
 Load: completions and chat, streaming and not, n=1 or 2, short and long
@@ -50,7 +50,7 @@ except ImportError:  # /proc fallback
 import aiohttp
 
 from kvserve.loadtests.bench.server_api import metric_sums
-from kvserve.loadtests.bench.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body, message_of
+from kvserve.loadtests.bench.sustained.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body, message_of
 
 PROMPTS = ["Once upon a time", "The history of the city begins", "Write a short poem about the sea",
            "Explain how a paged KV cache works", "List three facts about the moon"]

@@ -22,13 +22,13 @@ from typing import AsyncIterator
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from .infer_errors import InferError
+from ..infer_errors import InferError
 from .loop_handoff import handoff_for
-from .host_metrics import HostMetrics
-from .pb_utils.triton_errors import TritonError
-from .pb_utils.inference_request import new_server_request
-from .repository import ModelRepository
-from .request_handle import Delivery, RequestHandle
+from ..host_metrics import HostMetrics
+from ..pb_utils.triton_errors import TritonError
+from ..pb_utils.inference_request import new_server_request
+from ..repository import ModelRepository
+from ..request_handle import Delivery, RequestHandle
 from .raw_requests import DecodeError, parse_message
 from .request_parse import parse_request_async
 

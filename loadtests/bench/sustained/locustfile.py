@@ -11,15 +11,15 @@ failures on the HTTP row.
 
 Headless runs (the package must be importable: `pip install -e .`):
     # plain: 16 users, 4 spawned/s, 2 minutes, both endpoints
-    locust -f loadtests/bench/locustfile.py --headless --host http://127.0.0.1:8000 \\
+    locust -f loadtests/bench/sustained/locustfile.py --headless --host http://127.0.0.1:8000 \\
         -u 16 -r 4 -t 2m --csv results/steady
     # chat only, with a load shape (steady | ramp | spike) driven by env vars
     KVSERVE_LOAD_SHAPE=ramp KVSERVE_USERS=64 KVSERVE_DURATION=300 \\
-        locust -f loadtests/bench/locustfile.py --headless --host http://127.0.0.1:8000 \\
+        locust -f loadtests/bench/sustained/locustfile.py --headless --host http://127.0.0.1:8000 \\
         --csv results/ramp ChatUser
     KVSERVE_LOAD_SHAPE=spike KVSERVE_USERS=8 KVSERVE_SPIKE_USERS=64 \\
         KVSERVE_SPIKE_AT=30 KVSERVE_SPIKE_LEN=15 KVSERVE_DURATION=120 \\
-        locust -f loadtests/bench/locustfile.py --headless --host http://127.0.0.1:8000
+        locust -f loadtests/bench/sustained/locustfile.py --headless --host http://127.0.0.1:8000
 
 Environment:
     KVSERVE_MODEL          model name (default: first of GET /v1/models)
@@ -41,7 +41,7 @@ from typing import Any
 
 from locust import HttpUser, LoadTestShape, constant, task
 
-from kvserve.loadtests.bench.load_shapes import ShapeConfig, selected_shape
+from kvserve.loadtests.bench.sustained.load_shapes import ShapeConfig, selected_shape
 from kvserve.loadtests.bench.prompt_builder import WORDS
 from kvserve.loadtests.bench.sse import LineSplitter, data_payload, parse_payload
 
