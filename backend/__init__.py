@@ -5,10 +5,12 @@ without importing the engine.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from kvserve.backend.engine import LLM, AsyncEngine, CompletionOutput, EngineConfig, LLMEngine, RequestOutput, SamplingParams
+    from kvserve.backend.engine import (LLM, AsyncEngine, CompletionOutput, EngineConfig, LLMEngine, RequestOutput,
+                                        SamplingParams)
 
 _EXPORTS = {
     "AsyncEngine": ".engine",
@@ -22,8 +24,14 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module 'kvserve.backend' has no attribute {name!r}")
+def exports_loader(package: str, table: dict[str, str]) -> Callable[[str], object]:
+    """A package's `__getattr__` (PEP 562) over its table of public names: importing the package loads
+    nothing, and a sibling that asks for one name loads only the module that defines it."""
+    def load(name: str) -> object:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(table[name], package), name)
+    return load
+
+
+__getattr__ = exports_loader(__name__, _EXPORTS)

@@ -27,7 +27,7 @@ _LOG = logging.getLogger("kvserve.host")
 # not, to notice a dead backend (frontend/backend_client/triton_client.py); gRPC servers by default take a
 # ping without data only every 5 minutes and close the connection (GOAWAY too_many_pings)
 # after a few early ones, so an idle gateway logged an error and reconnected every ~30 s.
-# tritonserver needs the same on its command line (README, deploy/).
+# tritonserver needs the same on its command line (docs/deployment.md, deploy/).
 MIN_PING_INTERVAL_WITHOUT_DATA_MS = 5_000
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 

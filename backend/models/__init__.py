@@ -3,10 +3,10 @@ template too), the known models fetched as wheels, grid codes, weight quantizati
 CPU linear layers."""
 from __future__ import annotations
 
-import importlib
+from kvserve.backend import exports_loader
 
-# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
-# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+# Public names -> the module that defines them. Sibling packages import only these names
+# (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "ArchConfig": ".arch_config",
     "DEFAULT_CHAT_MODEL": ".fetch",
@@ -28,9 +28,4 @@ _EXPORTS = {
     "wants_cpu_linear": ".cpu_linear",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+__getattr__ = exports_loader(__name__, _EXPORTS)

@@ -2,10 +2,10 @@
 off the engine thread, cached) and how it steers decoding (matchers, owned by the engine)."""
 from __future__ import annotations
 
-import importlib
+from kvserve.backend import exports_loader
 
-# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
-# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+# Public names -> the module that defines them. Sibling packages import only these names
+# (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "CompileJob": ".compiler",
     "GrammarCompiler": ".compiler",
@@ -14,9 +14,4 @@ _EXPORTS = {
     "parse_spec": ".spec",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+__getattr__ = exports_loader(__name__, _EXPORTS)

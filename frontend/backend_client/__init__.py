@@ -1,12 +1,12 @@
-"""The gateway's side of the gRPC seam: `protocol` (the contract between the routes and whatever
-runs the model), the tritonclient BackendClient and its codec, the embed client, fan-out of one
-call's prompts, readiness, the tracing seam, and replicas/ (several backends behind one client)."""
+"""The gateway's side of the gRPC seam: `protocol` (the contract between the routes and whatever runs
+the model), the tritonclient BackendClient and its codec, the embed client, fan-out of one call's prompts, readiness, the tracing seam, and replicas/ (several
+backends behind one client)."""
 from __future__ import annotations
 
-import importlib
+from kvserve.frontend import exports_loader
 
-# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
-# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+# Public names -> the module that defines them. Sibling packages import only these names
+# (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "BackendClient": ".protocol",
     "BackendError": ".protocol",
@@ -41,9 +41,4 @@ _EXPORTS = {
     "validate_replica_flags": ".replicas.flags",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+__getattr__ = exports_loader(__name__, _EXPORTS)

@@ -12,7 +12,7 @@ from kvserve.frontend.openai import ToolSettings
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-# Slow clients (README, "Failures, limits and security"): a request's head must arrive within
+# Slow clients (docs/security.md): a request's head must arrive within
 # HEADER (from the connection's start or its previous response; an idle keep-alive connection
 # closes after it too), its body within BODY of the head; a stream's unread output is capped.
 # 75 s: aiohttp uses one timer for both, and an idle keep-alive connection must outlive a load

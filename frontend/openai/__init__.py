@@ -3,10 +3,10 @@ parsing, the chat template, tools and tool parsers, structured requests, logprob
 bodies, the OpenAI error objects, the OpenAPI description, and the table of routes the app mounts."""
 from __future__ import annotations
 
-import importlib
+from kvserve.frontend import exports_loader
 
-# Public names -> the module that defines them, imported on first use (PEP 562). Sibling packages
-# import only these names (tests/contract/test_import_rules.py), and nothing loads before it is used.
+# Public names -> the module that defines them. Sibling packages import only these names
+# (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "ApiError": ".api_errors",
     "FALLBACK_TEMPLATE": ".chat_template",
@@ -22,9 +22,4 @@ _EXPORTS = {
     "shutting_down": ".api_errors",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+__getattr__ = exports_loader(__name__, _EXPORTS)

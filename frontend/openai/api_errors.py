@@ -82,7 +82,7 @@ def not_supported(param: str, what: str) -> ApiError:
 
 
 def model_not_found() -> ApiError:
-    # OpenAI quotes the name back; here no error body carries request bytes (README): param
+    # OpenAI quotes the name back; here no error body carries request bytes (docs/security.md): param
     # says which field was wrong, and the client knows what it sent.
     return ApiError(404, "the requested model does not exist (GET /v1/models lists them)", param="model",
                     code="model_not_found")

@@ -85,7 +85,7 @@ def cluster(model_dir: str, replicas: int, gateway_flags: list[str], engine_env:
 
 def run(opts: argparse.Namespace) -> dict[str, object]:
     model_dir = ensure_bench_model(opts.model)
-    # Replicas share this machine's cores: idle OpenMP workers yield at once (README, "Scaling out").
+    # Replicas share this machine's cores: idle OpenMP workers yield at once (docs/deployment.md, "Scaling out").
     engine_env = {"KVSERVE_MAX_NUM_SEQS": str(opts.max_num_seqs), "KVSERVE_DTYPE": opts.dtype,
                   "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "100")}
     random_argv = ["--dataset-name", "random", "--num-prompts", str(opts.num_prompts),

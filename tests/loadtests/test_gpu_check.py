@@ -168,7 +168,7 @@ def test_targets_judge_each_figure():
 
 
 def test_script_parses():
-    subprocess.run(["bash", "-n", str(REPO / "loadtests" / "gpu_check.sh")], check=True)
+    subprocess.run(["bash", "-n", str(REPO / "loadtests" / "gpu" / "gpu_check.sh")], check=True)
 
 
 @pytest.mark.slow
@@ -205,7 +205,7 @@ def test_install_into_a_stand_in_of_the_gpu_machine(tmp_path):
     if probe.returncode != 0:
         pytest.skip(f"pip cannot download here: {probe.stderr[-300:]}")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO / "loadtests" / "gpu_bundle.py"), "dry-run", str(out),
+    proc = subprocess.run([sys.executable, str(REPO / "loadtests" / "gpu" / "gpu_bundle.py"), "dry-run", str(out),
                            "--only", "install"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     install = json.loads((out / "install.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 
 from kvserve.loadtests.bench.sustained.load_shapes import ShapeConfig, ramp, selected_shape, spike, steady
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "bench" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "bench" / "sustained" / "locustfile.py"
 CFG = ShapeConfig(users=10, spawn_rate=2, duration=100, spike_users=40, spike_at=30, spike_len=10)
 
 

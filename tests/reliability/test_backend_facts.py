@@ -1,4 +1,4 @@
-"""A gateway in front of remote backends (--triton-url, as in README's tritonserver example,
+"""A gateway in front of remote backends (--triton-url, as in docs/deployment.md's tritonserver example,
 deploy/k8s and docker-compose) learns the context length and the served model's name from
 the backend itself, with a describe request the model answers (seam.tensors.DESCRIBE_PARAM).
 

@@ -2,7 +2,7 @@
 that echoes nothing of the input and shows nothing of the server; never a 5xx;
 and the server serves normally afterwards.
 
-Decision on top_k (documented in README): 0 and -1 both mean "disabled", as in
+Decision on top_k (documented in docs/security.md): 0 and -1 both mean "disabled", as in
 vLLM and the OpenAI-compatible servers; below -1 or above the vocabulary size
 is a 400. So top_k 0 is not bad input: it is checked here to behave exactly
 like no top_k at all.

@@ -1,7 +1,7 @@
 """A fault in the model forward pass (KVSERVE_FAULT_INJECTION_STEP: the engine's
 N-th step raises, once).
 
-Documented behaviour (README, "Failures"): every request in flight at the
+Documented behaviour (docs/security.md, "Failures"): every request in flight at the
 fault ends at once, a stream with an SSE error event then `data: [DONE]`, a
 non-streaming call with a 500 error object; the engine forgets its prefix
 cache, keeps running and takes new requests; the model reports not ready for

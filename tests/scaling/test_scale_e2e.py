@@ -49,7 +49,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(llama_dir: str):
     # Three engines on this machine's cores: idle OpenMP workers must yield at once
-    # (README, "Scaling out"), or whichever replica spins most gets the cores.
+    # (docs/deployment.md, "Scaling out"), or whichever replica spins most gets the cores.
     env = {"KVSERVE_MODEL": llama_dir, "KVSERVE_MAX_NUM_SEQS": str(MAX_NUM_SEQS), "GOMP_SPINCOUNT": "100"}
     with ExitStack() as stack:
         contexts = [run_host(env) for _ in range(3)]

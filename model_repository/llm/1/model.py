@@ -11,7 +11,7 @@ import os
 # them spinning through the Python parts of every engine step, on cores the
 # serving path (responses, gRPC, often the gateway) needs; far less (3,000) puts
 # them to sleep between the ops of one forward pass (BENCHMARKS.md, section 2).
-# The user's own setting wins; replicas sharing cores want 100 (README).
+# The user's own setting wins; replicas sharing cores want 100 (docs/deployment.md, "Scaling out").
 if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "10000"
 

@@ -150,7 +150,7 @@ def test_a_model_that_fails_to_load_stops_the_host_unless_told_otherwise() -> No
 
 
 def test_kvserve_triton_subcommand_dispatches_here() -> None:
-    from kvserve.frontend.cli import SUBCOMMANDS  # noqa: PLC0415
+    from kvserve.frontend.cli.commands import SUBCOMMANDS  # noqa: PLC0415
 
     module = __import__(SUBCOMMANDS["triton"][0], fromlist=["main"])
     assert module.main is main
