@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from kvserve.backend.embed.embedder import Embedder
-from kvserve.seam.error_wire import ErrorKind
 from kvserve.observability.thread_names import name_this_thread
+from kvserve.seam.error_wire import ErrorKind
 
 log = logging.getLogger("kvserve.backend.embed")
 

@@ -15,8 +15,8 @@ import numpy as np
 from kvserve.backend.embed.embedder import Embedder
 from kvserve.backend.triton import as_text, first_scalar
 from kvserve.seam import embed_tensors as T
-from kvserve.seam.tensors import TRACEPARENT_PARAM
 from kvserve.seam.error_wire import invalid
+from kvserve.seam.tensors import TRACEPARENT_PARAM
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ import os
 import queue
 import threading
 
-from kvserve.backend.embed.embed_batcher import BatcherClosed, BatcherOverloaded, EmbeddingBatcher, EmbedJob, EmbedResult
+from kvserve.backend.embed.embed_batcher import (BatcherClosed, BatcherOverloaded, EmbeddingBatcher, EmbedJob,
+                                                 EmbedResult)
 from kvserve.backend.embed.embed_codec import embed_tensors, parse_embed_request
 from kvserve.backend.embed.embed_telemetry import EmbedTelemetry
 from kvserve.backend.embed.embedder import DEFAULT_EMBEDDING_MODEL, Embedder, EmbedderConfig

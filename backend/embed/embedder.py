@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from kvserve.backend.models import EncoderConfig, PackedBatch, load_encoder
-from kvserve.backend.models import PoolingSpec, finish, pool
+from kvserve.backend.models import EncoderConfig, PackedBatch, PoolingSpec, finish, load_encoder, pool
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 

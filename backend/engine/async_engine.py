@@ -38,9 +38,9 @@ from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, Reques
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.stop_matcher import stop_automaton
 from kvserve.backend.structured import CompileJob
-from kvserve.seam.tokenizer import LONG_TEXT_CHARS
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
+from kvserve.seam.tokenizer import LONG_TEXT_CHARS
 
 log = logging.getLogger("kvserve.engine")
 

@@ -15,16 +15,15 @@ import torch
 from kvserve.backend.engine.admission import AdmittedPrompt, PromptLimits, admit
 from kvserve.backend.engine.config import EngineConfig
 from kvserve.backend.engine.detokenizer import IncrementalDetokenizer
-from kvserve.backend.kv_cache import KVCacheManager
-from kvserve.backend.worker import ModelRunner
+from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
 from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from kvserve.backend.engine.request import Request, RequestStatus
 from kvserve.backend.engine.sampler import Sampler, SamplingRow
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
-from kvserve.backend.structured import GrammarCompiler
-from kvserve.backend.structured import GrammarMatchers
-from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
+from kvserve.backend.kv_cache import KVCacheManager
+from kvserve.backend.structured import GrammarCompiler, GrammarMatchers
+from kvserve.backend.worker import ModelRunner
 from kvserve.seam.error_wire import ErrorKind, invalid
 
 log = logging.getLogger("kvserve.engine")

@@ -6,10 +6,10 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from kvserve.backend.engine.config import EngineConfig
-from kvserve.backend.models import resolve_model_arg
 from kvserve.backend.engine.engine import LLMEngine
 from kvserve.backend.engine.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.models import resolve_model_arg
 
 Prompt = str | list[int]
 

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvserve.backend.kv_cache import KVCacheManager
 from kvserve.backend.engine.request import Request, RequestStatus
+from kvserve.backend.kv_cache import KVCacheManager
 
 
 @dataclass(slots=True)

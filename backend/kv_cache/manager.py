@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvserve.backend.engine import Request
 from kvserve.backend.kv_cache.block_hash import extend_hash_chain
 from kvserve.backend.kv_cache.block_pool import BlockPool, KVBlock
-from kvserve.backend.engine import Request
 
 
 @dataclass(slots=True)

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvserve.backend.engine import CompletionOutput, TokenLogprob
-from kvserve.backend.engine import SamplingParams
+from kvserve.backend.engine import CompletionOutput, SamplingParams, TokenLogprob
 from kvserve.seam import tensors as T
 from kvserve.seam.error_wire import invalid
 from kvserve.seam.limits import MAX_PROMPT_TOKENS

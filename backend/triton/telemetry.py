@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from kvserve.backend.engine import EngineStats, RequestOutput
 from kvserve.observability import semconv as sc
-from kvserve.observability.request_spans import RequestTimeline, record_request_spans
 from kvserve.observability.logging import log_requests_enabled, request_context
+from kvserve.observability.request_spans import RequestTimeline, record_request_spans
 
 request_log = logging.getLogger("kvserve.backend.requests")
 # Triton request parameter with the gateway's request id (X-Request-Id), so that

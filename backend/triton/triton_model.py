@@ -21,13 +21,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvserve.backend.engine import AsyncEngine, EngineClosed, EngineOverloaded
-from kvserve.backend.engine import EngineConfig, env_overrides
+from kvserve.backend.engine import (AsyncEngine, CompletionOutput, EngineClosed, EngineConfig, EngineOverloaded,
+                                    RequestOutput, env_overrides)
 from kvserve.backend.models import DEFAULT_CHAT_MODEL, resolve_model_arg
-from kvserve.backend.engine import CompletionOutput, RequestOutput
-from kvserve.backend.triton.telemetry import EngineTelemetry, RequestLog
 from kvserve.backend.triton.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
                                           parse_request)
+from kvserve.backend.triton.telemetry import EngineTelemetry, RequestLog
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 

@@ -22,15 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvserve.backend.engine import EngineConfig
-from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
+from kvserve.backend.engine import EngineConfig, SchedulerOutput
 from kvserve.backend.kv_cache import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
-from kvserve.backend.models import ArchConfig
-from kvserve.backend.models import load_arch_config, load_model
-from kvserve.backend.models import pack_linears, wants_cpu_linear
-from kvserve.backend.models import quantize_model
+from kvserve.backend.models import (ArchConfig, load_arch_config, load_model, pack_linears, quantize_model,
+                                    wants_cpu_linear)
+from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.worker.ops import select_ops
-from kvserve.backend.engine import SchedulerOutput
 
 log = logging.getLogger("kvserve.engine")
 

@@ -16,8 +16,8 @@ import torch
 from kvserve.kernels import cpu_native
 from kvserve.kernels.cpu_paged_attention import KVStorePlan, PagedAttentionPlan
 from kvserve.kernels.rms_norm import rms_norm_torch
-from kvserve.kernels.silu_and_mul import silu_and_mul_torch
 from kvserve.kernels.rotary import rotary_embedding_torch, rotate_torch
+from kvserve.kernels.silu_and_mul import silu_and_mul_torch
 
 
 class TorchOps:

@@ -1,6 +1,6 @@
-"""The gateway's side of the gRPC seam: `protocol` (the contract between the routes and whatever runs
-the model), the tritonclient BackendClient and its codec, the embed client, fan-out of one call's prompts, readiness, the tracing seam, and replicas/ (several
-backends behind one client)."""
+"""The gateway's side of the gRPC seam: `protocol` (the contract between the routes and whatever
+runs the model), the tritonclient BackendClient and its codec, the embed client, fan-out of one
+call's prompts, readiness, the tracing seam, and replicas/ (several backends behind one client)."""
 from __future__ import annotations
 
 from kvserve.frontend import exports_loader

@@ -15,10 +15,12 @@ from typing import AsyncIterator
 import grpc
 from tritonclient.grpc import service_pb2
 
-from kvserve.frontend.backend_client.protocol import BackendError, BackendFailed, BackendRejected, BackendUnavailable, EmbedRequest, EmbedResult
+from kvserve.frontend.backend_client.grpc_codec import (EMPTY_FINAL_PARAM, _add_input, _bytes_tensor, classify_error,
+                                                        is_final)
+from kvserve.frontend.backend_client.protocol import (BackendError, BackendFailed, BackendRejected,
+                                                      BackendUnavailable, EmbedRequest, EmbedResult)
 from kvserve.frontend.backend_client.tracing_seam import GRPC_OK, start_client_span
 from kvserve.frontend.backend_client.triton_client import TritonBackendClient
-from kvserve.frontend.backend_client.grpc_codec import EMPTY_FINAL_PARAM, _add_input, _bytes_tensor, classify_error, is_final
 from kvserve.seam import embed_tensors as T
 
 def build_embed_request(model_name: str, req: EmbedRequest) -> service_pb2.ModelInferRequest:

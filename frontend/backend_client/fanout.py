@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Callable, Sequence
 
-from kvserve.frontend.backend_client.protocol import BackendClient, BackendError, BackendFailed, ChoiceDelta, GenerateRequest
+from kvserve.frontend.backend_client.protocol import (BackendClient, BackendError, BackendFailed, ChoiceDelta,
+                                                      GenerateRequest)
 
 _END = object()
 

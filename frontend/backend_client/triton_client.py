@@ -27,10 +27,10 @@ import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kvserve.frontend.backend_client.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
-from kvserve.frontend.backend_client.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
 from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_request, classify_error, is_final,
                                            parse_model_facts, parse_response)
+from kvserve.frontend.backend_client.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
+from kvserve.frontend.backend_client.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
 
 log = logging.getLogger("kvserve.frontend.triton")
 

@@ -17,29 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvserve.frontend
-from kvserve.frontend.http import build_app, start_app
-from kvserve.frontend.openai import resolve_template_arg
-from kvserve.frontend.http import add_cors_flags, cors_policy_from_args
-from kvserve.frontend.http import add_host_flags, host_policy_from_args
+from kvserve.frontend.backend_client import (BackendClient, TritonBackendClient, TritonEmbeddingClient,
+                                             add_replica_flags, build_backend, is_dns_url, is_remote,
+                                             positive_number, validate_replica_flags)
 from kvserve.frontend.cli.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, looks_like_path, resolve_model
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.cli.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.cli.model_info import derive_max_model_len
-from kvserve.frontend.backend_client import BackendClient
-from kvserve.frontend.backend_client import (add_replica_flags, build_backend, is_remote, positive_number,
-                                             validate_replica_flags)
-from kvserve.frontend.backend_client import is_dns_url
-from kvserve.frontend.http import load_api_keys
-from kvserve.frontend.http import load_secret
-from kvserve.frontend.http import drain_gateway
-from kvserve.frontend.http import Gateway
 from kvserve.frontend.http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
-                                             DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S,
-                                             DEFAULT_WRITE_TIMEOUT_S, GatewayConfig)
+                                   DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S,
+                                   Gateway, GatewayConfig, add_cors_flags, add_host_flags, build_app,
+                                   cors_policy_from_args, drain_gateway, host_policy_from_args, load_api_keys,
+                                   load_secret, start_app)
+from kvserve.frontend.openai import TOOL_PARSERS, ToolSettings, resolve_template_arg
 from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.openai import TOOL_PARSERS, ToolSettings
-from kvserve.frontend.backend_client import TritonEmbeddingClient
-from kvserve.frontend.backend_client import TritonBackendClient
 
 log = logging.getLogger("kvserve.frontend.serve")
 

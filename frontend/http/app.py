@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kvserve.frontend.openai import add_routes
 from kvserve.frontend.http.cors import add_cors_headers, preflight
+from kvserve.frontend.http.gateway import GATEWAY, Gateway
 from kvserve.frontend.http.http_server import GatewayRunner
 from kvserve.frontend.http.middleware import auth, errors, observe, trusted_host
-from kvserve.frontend.http.gateway import GATEWAY, Gateway
+from kvserve.frontend.openai import add_routes
 
 # Streams end within this after shutdown begins; their Triton requests are cancelled.
 SHUTDOWN_TIMEOUT_S = 5.0

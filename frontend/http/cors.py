@@ -16,9 +16,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from kvserve.frontend.http.cors_policy import ANY, CorsPolicy
-from kvserve.frontend.openai import ApiError
-from kvserve.frontend.http.middleware import Handler
 from kvserve.frontend.http.gateway import GATEWAY
+from kvserve.frontend.http.middleware import Handler
+from kvserve.frontend.openai import ApiError
 
 _PREFLIGHT_MAX_AGE_S = "600"
 

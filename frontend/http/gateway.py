@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kvserve.frontend.openai import ApiError, backend_unavailable, model_not_found, shutting_down
+from kvserve.frontend.backend_client import BackendClient, BackendUnavailable, EmbeddingBackend, ReadinessCache
 from kvserve.frontend.http.api_keys import key_digest
-from kvserve.frontend.openai import FALLBACK_TEMPLATE
 from kvserve.frontend.http.gateway_config import GatewayConfig
-from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.backend_client import BackendClient, BackendUnavailable, EmbeddingBackend
-from kvserve.frontend.backend_client import ReadinessCache
+from kvserve.frontend.openai import FALLBACK_TEMPLATE, ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.observability.metrics_gateway import GatewayMetrics
+from kvserve.seam.tokenizer import ModelTokenizer
 
 # How long requests wait before asking a backend whose describe failed in transport again (each
 # attempt can cost the describe timeout; the start-up loop keeps asking every second meanwhile).

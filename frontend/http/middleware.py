@@ -24,11 +24,10 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from opentelemetry import trace
 
-from kvserve.frontend.openai import ApiError, internal_error
-from kvserve.frontend.http.api_keys import match_key
-from kvserve.frontend.openai import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS
-from kvserve.frontend.http.gateway import GATEWAY
 from kvserve.frontend.backend_client import UNMATCHED_ROUTE, ServerSpan, start_server_span
+from kvserve.frontend.http.api_keys import match_key
+from kvserve.frontend.http.gateway import GATEWAY
+from kvserve.frontend.openai import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS, ApiError, internal_error
 from kvserve.observability.logging import request_context
 
 log = logging.getLogger("kvserve.frontend.http")

@@ -13,10 +13,10 @@ from typing import Any
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import bad_request, not_supported
 # The engine's limits: the gateway checks them first, to answer in the client's field names.
-from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
 from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
 from kvserve.frontend.openai.structured_request import parse_constraint
 from kvserve.frontend.openai.tools import ToolRequest, ToolSettings, parse_tools, tool_constraint
+from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
 
 MAX_PROMPTS = 256
 MAX_CHOICES = 1024

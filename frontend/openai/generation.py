@@ -13,10 +13,10 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from kvserve.frontend.backend_client import (BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, Fanout,
+                                             GenerateRequest, annotate_request, annotate_response)
+from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
-from kvserve.frontend.backend_client import Fanout
-from kvserve.frontend.http import request_id, request_span
-from kvserve.frontend.backend_client import BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,
@@ -28,10 +28,7 @@ from kvserve.frontend.openai.responses import (
     tool_call_json,
 )
 from kvserve.frontend.openai.tool_parser import Event, HermesToolParser
-from kvserve.frontend.http import SseWriter
-from kvserve.frontend.http import Gateway
 from kvserve.frontend.openai.tools import ToolRequest
-from kvserve.frontend.backend_client import annotate_request, annotate_response
 
 log = logging.getLogger("kvserve.frontend.openai.generation")
 

@@ -17,14 +17,11 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from kvserve.frontend.backend_client import BackendError, EmbedRequest, annotate_embeddings, backend_traceparent
+from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_span
 from kvserve.frontend.openai import fields as F
-from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, from_backend, model_not_found
-from kvserve.frontend.http import request_span
-from kvserve.frontend.backend_client import BackendError, EmbedRequest
-from kvserve.frontend.http import read_json_body
-from kvserve.frontend.http import GATEWAY, Gateway
-from kvserve.frontend.backend_client import annotate_embeddings, backend_traceparent
+from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 
 
 

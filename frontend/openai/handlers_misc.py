@@ -7,13 +7,12 @@ from typing import Any
 
 from aiohttp import web
 
+from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
 from kvserve.frontend.openai import fields as F
-from kvserve.frontend.openai.api_requests import parse_messages
 from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, shutting_down
+from kvserve.frontend.openai.api_requests import parse_messages
 from kvserve.frontend.openai.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openai.openapi import openapi_document
-from kvserve.frontend.http import read_json_body
-from kvserve.frontend.http import GATEWAY, Gateway
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

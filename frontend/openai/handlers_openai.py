@@ -7,17 +7,13 @@ import uuid
 
 from aiohttp import web
 
+from kvserve.frontend.backend_client import GenerateRequest, backend_traceparent
+from kvserve.frontend.http import GATEWAY, Gateway, effective_cache_salt, read_json_body, request_span, request_tenant
+from kvserve.frontend.openai.api_errors import ApiError, bad_request
 from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
 from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
-from kvserve.frontend.openai.api_errors import ApiError, bad_request
 from kvserve.frontend.openai.generation import Call, respond
-from kvserve.frontend.http import request_span, request_tenant
-from kvserve.frontend.backend_client import GenerateRequest
-from kvserve.frontend.http import read_json_body
-from kvserve.frontend.http import effective_cache_salt
-from kvserve.frontend.http import GATEWAY, Gateway
 from kvserve.frontend.openai.tools import ToolRequest, render_messages
-from kvserve.frontend.backend_client import backend_traceparent
 
 
 def _context_error(prompt_len: int, max_tokens: int, limit: int, param: str) -> ApiError:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.frontend.openai.logprobs_format import TokenText, chat_logprobs, completion_logprobs, merge_completion_logprobs
 from kvserve.frontend.backend_client import ChoiceDelta
+from kvserve.frontend.openai.logprobs_format import (TokenText, chat_logprobs, completion_logprobs,
+                                                     merge_completion_logprobs)
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ import argparse
 import random
 import statistics
 
-from kvserve.backend.kv_cache.manager import KVCacheManager
 from kvserve.backend.engine.request import Request, RequestStatus
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
+from kvserve.backend.kv_cache.manager import KVCacheManager
 
 
 def _lognormal_int(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:

@@ -31,9 +31,9 @@ from typing import Iterator
 
 from kvserve.frontend.cli.host_process import HostAddress, HostProcess, free_port, host_command
 from kvserve.loadtests.bench.bench_once import bench_once
-from kvserve.loadtests.compare.compare_model import ensure_bench_model
 from kvserve.loadtests.bench.report import write_json
 from kvserve.loadtests.bench.server_api import metric_sums
+from kvserve.loadtests.compare.compare_model import ensure_bench_model
 
 REPO = Path(__file__).resolve().parents[2]
 _CACHE_COUNTERS = ("kvserve:prefix_cache_hits_total", "kvserve:prefix_cache_queries_total")

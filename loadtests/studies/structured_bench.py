@@ -28,8 +28,8 @@ from contextlib import ExitStack
 
 import aiohttp
 
-from kvserve.loadtests.compare.baseline_kvserve import ServeProcess
 from kvserve.loadtests.bench.report import write_json
+from kvserve.loadtests.compare.baseline_kvserve import ServeProcess
 from kvserve.loadtests.studies.structured_schemas import SCHEMAS
 
 ARMS = {"free16": 0, "mixed15+1": 1, "json16": 16}  # arm -> constrained streams of 16

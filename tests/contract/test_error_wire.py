@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.frontend.openai.api_errors import from_backend
-from kvserve.frontend.backend_client.protocol import BackendFailed, BackendRejected
 from kvserve.frontend.backend_client.grpc_codec import classify_error
+from kvserve.frontend.backend_client.protocol import BackendFailed, BackendRejected
+from kvserve.frontend.openai.api_errors import from_backend
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 
 _HTTP = {ErrorKind.INVALID: 400, ErrorKind.CONTEXT_LENGTH: 400, ErrorKind.OVERLOADED: 503,

@@ -7,8 +7,8 @@ import pytest
 
 from kvserve.backend.engine.config import EngineConfig
 from kvserve.backend.engine.sampling_params import SamplingParams
-from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS
+from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
 from kvserve.seam import limits as L
 from kvserve.seam import tensors as T
 from tests.contract.import_graph import ROOT

@@ -9,9 +9,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from kvserve.backend.triton import model_tensors as backend_codec
 from kvserve.backend.engine.config import EngineConfig
 from kvserve.backend.engine.outputs import CompletionOutput, TokenLogprob
+from kvserve.backend.triton import model_tensors as backend_codec
 from kvserve.frontend.backend_client import grpc_codec as gateway_codec
 from kvserve.frontend.backend_client.protocol import GenerateRequest
 from kvserve.seam import tensors as T

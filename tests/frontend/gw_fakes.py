@@ -13,7 +13,6 @@ from typing import AsyncIterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from kvserve.frontend.http.app import build_app, start_app
 from kvserve.frontend.backend_client.protocol import (
     BackendFailed,
     BackendRejected,
@@ -23,10 +22,11 @@ from kvserve.frontend.backend_client.protocol import (
     TokenLogprob,
     TopLogprob,
 )
+from kvserve.frontend.http.app import build_app, start_app
 from kvserve.frontend.http.gateway import Gateway
 from kvserve.frontend.http.gateway_config import GatewayConfig
-from kvserve.seam.tokenizer import ModelTokenizer
 from kvserve.seam.error_wire import ErrorKind
+from kvserve.seam.tokenizer import ModelTokenizer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 SENTENCES = [

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from kvserve.backend.engine.config import EngineConfig
-from kvserve.backend.worker.model_runner import ModelRunner
 from kvserve.backend.engine.scheduler import ScheduledRequest, SchedulerOutput
+from kvserve.backend.worker.model_runner import ModelRunner
 from tests.conftest import tiny_model
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from kvserve.frontend.backend_client import triton_client
-from kvserve.frontend.http.host_policy import host_policy_from_args
 from kvserve.frontend.cli.serve_cmd import build_parser
+from kvserve.frontend.http.host_policy import host_policy_from_args
 from kvserve.observability import metrics_catalogue as m
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -12,13 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvserve.frontend.backend_client.protocol import BackendRejected, BackendUnavailable
 from kvserve.frontend.backend_client.replicas.flags import build_backend, validate_replica_flags
-from kvserve.frontend.backend_client.replicas.sources import DnsSource, Target, UrlsFileSource, parse_urls_file, sources_from_flags
 from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose, rendezvous_order
 from kvserve.frontend.backend_client.replicas.routing_key import PrefixKey
+from kvserve.frontend.backend_client.replicas.sources import (DnsSource, Target, UrlsFileSource, parse_urls_file,
+                                                              sources_from_flags)
+from kvserve.frontend.backend_client.triton_client import TritonBackendClient
 from kvserve.frontend.cli.serve_cmd import build_parser, plan_from_args
 from kvserve.seam.tokenizer import ModelTokenizer
-from kvserve.frontend.backend_client.triton_client import TritonBackendClient
 
 from scale_fakes import ScriptedReplica, drain, req
 

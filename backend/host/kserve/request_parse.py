@@ -18,7 +18,8 @@ from .codec import decode_inputs, parameter_value
 from ..infer_errors import InferError
 from ..pb_utils.dtypes import CONFIG_TO_WIRE
 from ..pb_utils.triton_errors import TritonError
-from ..pb_utils.inference_request import TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+from ..pb_utils.inference_request import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+                                          TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
 from ..pb_utils.tensor import Tensor
 
 _LOG = logging.getLogger("kvserve.host")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from kvserve.frontend.backend_client.protocol import BackendClient
-from kvserve.frontend.backend_client.replicas.sources import Target, default_metrics_url, is_dns_url, sources_from_flags
 from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy
 from kvserve.frontend.backend_client.replicas.routing_key import DEFAULT_BLOCK_SIZE, PrefixKey
-from kvserve.seam.tokenizer import ModelTokenizer
+from kvserve.frontend.backend_client.replicas.sources import Target, default_metrics_url, is_dns_url, sources_from_flags
 from kvserve.frontend.backend_client.triton_client import TritonBackendClient
+from kvserve.seam.tokenizer import ModelTokenizer
 
 
 def positive_number(value: str) -> float:

@@ -32,13 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
-from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.backend_client.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
                                                  GenerateRequest, ModelFacts)
+from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.backend_client.replicas.router_metrics import RouterMetrics
-from kvserve.frontend.backend_client.replicas.sources import Source, Target, gather_targets
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose
 from kvserve.frontend.backend_client.replicas.routing_key import KeyFunction
+from kvserve.frontend.backend_client.replicas.sources import Source, Target, gather_targets
 
 log = logging.getLogger("kvserve.frontend.backend_client.replicas")
 

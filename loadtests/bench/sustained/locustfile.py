@@ -41,9 +41,9 @@ from typing import Any
 
 from locust import HttpUser, LoadTestShape, constant, task
 
-from kvserve.loadtests.bench.sustained.load_shapes import ShapeConfig, selected_shape
 from kvserve.loadtests.bench.prompt_builder import WORDS
 from kvserve.loadtests.bench.sse import LineSplitter, data_payload, parse_payload
+from kvserve.loadtests.bench.sustained.load_shapes import ShapeConfig, selected_shape
 
 PROMPT_WORDS = int(os.environ.get("KVSERVE_PROMPT_WORDS", "256"))
 MAX_TOKENS = int(os.environ.get("KVSERVE_MAX_TOKENS", "128"))

@@ -50,7 +50,8 @@ except ImportError:  # /proc fallback
 import aiohttp
 
 from kvserve.loadtests.bench.server_api import metric_sums
-from kvserve.loadtests.bench.sustained.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body, message_of
+from kvserve.loadtests.bench.sustained.soak_mix import (CONSTRAINED_KINDS, StreamJoin, check_answer,
+                                                        constrained_body, message_of)
 
 PROMPTS = ["Once upon a time", "The history of the city begins", "Write a short poem about the sea",
            "Explain how a paged KV cache works", "List three facts about the moon"]

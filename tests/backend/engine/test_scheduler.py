@@ -1,10 +1,10 @@
 """Scheduler: token budget, max_num_seqs, chunked prefill, FCFS, preemption of the newest."""
 from __future__ import annotations
 
-from kvserve.backend.kv_cache.manager import KVCacheManager
 from kvserve.backend.engine.request import Request, RequestStatus
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
+from kvserve.backend.kv_cache.manager import KVCacheManager
 
 
 def _sched(num_blocks=64, block_size=4, max_seqs=8, budget=32, caching=True):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.backend.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVBlock
-from kvserve.backend.kv_cache.manager import KVCacheManager
 from kvserve.backend.engine.request import Request
 from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.kv_cache.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from kvserve.backend.kv_cache.manager import KVCacheManager
 
 
 def _req(rid: str, tokens: list[int], key: str | None = "") -> Request:

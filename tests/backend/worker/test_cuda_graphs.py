@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 from kvserve.backend.worker.cuda_graphs import DecodeGraphs
 from kvserve.backend.worker.graph_buckets import bucket, capture_sizes
 from kvserve.backend.worker.model_runner import ModelRunner
-from kvserve.backend.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
 def test_capture_sizes_follow_vllms_ladder_up_to_max_num_seqs():

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.frontend.http.app import build_app
-from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
-from kvserve.frontend.cli.model_info import derive_max_model_len
-from kvserve.frontend.openai.openapi import openapi_document
 from kvserve.frontend.backend_client.protocol import BackendUnavailable, GenerateRequest
+from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.backend_client.replicas.replica_set import ReplicaSet
+from kvserve.frontend.cli.model_info import derive_max_model_len
+from kvserve.frontend.http.app import build_app
 from kvserve.frontend.http.gateway import Gateway
 from kvserve.frontend.http.gateway_config import GatewayConfig
+from kvserve.frontend.openai.openapi import openapi_document
 
 from gw_fakes import FakeBackend
 

@@ -12,9 +12,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gw_triton_fakes import FakeTriton, input_raw, make_response
 
+from kvserve.frontend.backend_client.grpc_codec import build_request, classify_error, parse_response
 from kvserve.frontend.backend_client.protocol import BackendFailed, BackendRejected, BackendUnavailable, GenerateRequest
 from kvserve.frontend.backend_client.triton_client import TritonBackendClient
-from kvserve.frontend.backend_client.grpc_codec import build_request, classify_error, parse_response
 from kvserve.seam.error_wire import ErrorKind, WireError
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gw_fakes import FakeBackend, GatewayServer, http, post
-from kvserve.frontend.http.cors_policy import CorsPolicy, cors_policy_from_args
 from kvserve.frontend.cli.serve_cmd import build_parser
+from kvserve.frontend.http.cors_policy import CorsPolicy, cors_policy_from_args
 from kvserve.frontend.http.gateway_config import GatewayConfig
 
 APP = "https://app.example"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.frontend.openai.chat_template import FALLBACK_TEMPLATE, ChatTemplateError, render_chat, resolve_template_arg
+from kvserve.frontend.openai.chat_template import (FALLBACK_TEMPLATE, ChatTemplateError, render_chat,
+                                                   resolve_template_arg)
 from kvserve.seam.tokenizer import ModelTokenizer
 
 from gw_fakes import make_tokenizer_dir

@@ -2,8 +2,8 @@
 also when the engine held a token's text back (an unfinished UTF-8 character)."""
 from __future__ import annotations
 
-from kvserve.frontend.openai.logprobs_format import merge_completion_logprobs
 from kvserve.frontend.backend_client.protocol import ChoiceDelta, TokenLogprob
+from kvserve.frontend.openai.logprobs_format import merge_completion_logprobs
 from kvserve.frontend.openai.responses import ChoiceState, apply_delta
 
 

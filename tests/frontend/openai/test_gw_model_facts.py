@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from kvserve.frontend.backend_client.protocol import BackendUnavailable, ModelFacts
 from kvserve.frontend.http import gateway as gateway_module
 from kvserve.frontend.http.gateway import Gateway
 from kvserve.frontend.http.gateway_config import GatewayConfig
-from kvserve.frontend.backend_client.protocol import BackendUnavailable, ModelFacts
 
 
 class _DescribeBackend:

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
-from kvserve.frontend.openai.api_errors import ApiError, from_backend
 from kvserve.frontend.backend_client.protocol import BackendRejected
+from kvserve.frontend.openai.api_errors import ApiError, from_backend
+from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
 from kvserve.frontend.openai.tool_parser import HermesToolParser
 from kvserve.frontend.openai.tools import ToolSettings, call_block, render_messages
 

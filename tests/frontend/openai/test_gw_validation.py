@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
 from kvserve.frontend.openai.api_errors import ApiError
+from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
 
 
 def bad(fn, body, vocab=None) -> ApiError:
