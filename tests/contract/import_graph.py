@@ -3,6 +3,7 @@ rule about torch is checked without loading torch)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,7 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def exports_of(init: Path) -> dict[str, str]:
     """A package's public names -> the module that defines each: its `_EXPORTS` table (loaded lazily,
     PEP 562), or for a package that imports eagerly, `__all__` -> the package itself."""
@@ -111,12 +113,24 @@ def module_of(path: Path) -> str:
     return ".".join(("kvserve", folder, *parts))
 
 
+def package_of(path: Path) -> list[str]:
+    """The package a file's relative imports start from, as name parts."""
+    here = module_of(path).split(".")
+    return here if path.name == "__init__.py" else here[:-1]
+
+
+def resolve_from(package: list[str], node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` names (`from ..x import y` in kvserve.a.b -> kvserve.a.x)."""
+    base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+    return ".".join(p for p in (base, node.module or "") if p)
+
+
 def load_time_imports(path: Path) -> set[str]:
     """kvserve modules `path` imports while it loads (module level, relative imports resolved):
     imports inside functions run later and cannot make a cycle of import order."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     here = module_of(path).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
+    package = package_of(path)
     found: set[str] = set()
 
     def walk(node: ast.AST) -> None:
@@ -126,8 +140,7 @@ def load_time_imports(path: Path) -> set[str]:
             if isinstance(child, ast.Import):
                 found.update(alias.name for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
-                base = ".".join(package[:len(package) - child.level + 1]) if child.level else ""
-                module = ".".join(p for p in (base, child.module or "") if p)
+                module = resolve_from(package, child)
                 found.add(module)
                 found.update(f"{module}.{alias.name}" for alias in child.names
                              if module_file(f"{module}.{alias.name}") is not None)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.contract.import_graph import (PACKAGES, ROOT, exports_of, import_cycle, imports_of, module_file, module_of,
-                                         python_files, transitive_imports)
+from tests.contract.import_graph import (PACKAGES, ROOT, exports_of, import_cycle, imports_of, module_file, package_of,
+                                         python_files, resolve_from, transitive_imports)
 
 
 def _top(module: str) -> str:
@@ -92,16 +92,13 @@ def _sibling_violations(path) -> list[str]:
     rel = path.relative_to(ROOT)
     top, own = rel.parts[0], (rel.parts[1] if len(rel.parts) > 2 else None)
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    here = module_of(path).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
+    package = package_of(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
-            module = ".".join(p for p in (base, node.module or "") if p)
-            targets = [(module, [alias.name for alias in node.names])]
+            targets = [(resolve_from(package, node), [alias.name for alias in node.names])]
         else:
             continue
         for module, names in targets:
