@@ -39,13 +39,17 @@ class _DecodePlan:
 
     In float32 with the native kernel built (kernels/cpu_native.py) the caches are
     read in place through the block table; otherwise each layer gathers the
-    contexts, padded to the longest, and runs SDPA on the copies."""
+    contexts, padded to the longest, and runs SDPA on the copies. With a sliding
+    window, a row attends to its last `window` positions only: the native kernel
+    reads whole contexts, so a step where some context is longer than the window
+    takes the gathered path with the window in its mask."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
-                 num_cache_blocks: int) -> None:
+                 num_cache_blocks: int, window: int | None = None) -> None:
         self.batch = block_tables.shape[0]
         num_blocks = (max_len + block_size - 1) // block_size
-        self.native = cpu_native.available() and block_tables.device.type == "cpu"
+        self.window = window if window is not None and max_len > window else None
+        self.native = cpu_native.available() and block_tables.device.type == "cpu" and self.window is None
         if self.native:
             # The kernel trusts its indices: check them here, once per step, not per token.
             if block_tables.shape[1] < num_blocks or int(seq_lens.min()) < 1 or (
@@ -61,8 +65,12 @@ class _DecodePlan:
     def _gather_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._gather is None:
             slots = _slot_ids(self._tables, self.span // self._block_size, self._block_size)
-            positions = torch.arange(self.span, device=self._tables.device)
-            mask = (positions[None, :] < self._seq_lens[:, None].to(self._tables.device))[:, None, None, :]
+            positions = torch.arange(self.span, device=self._tables.device)[None, :]
+            lens = self._seq_lens[:, None].to(self._tables.device)
+            mask = positions < lens
+            if self.window is not None:
+                mask &= positions >= lens - self.window
+            mask = mask[:, None, None, :]
             self._gather = (slots, mask)
         return self._gather
 
@@ -82,10 +90,13 @@ class _DecodePlan:
 
 
 class _PrefillPlan:
-    """One request's chunk of L > 1 query rows, causal over its whole context."""
+    """One request's chunk of L > 1 query rows, causal over its whole context (or, with a sliding
+    window, over each row's last `window` positions)."""
 
-    def __init__(self, block_table: torch.Tensor, q_start: int, q_end: int, seq_len: int, block_size: int) -> None:
+    def __init__(self, block_table: torch.Tensor, q_start: int, q_end: int, seq_len: int, block_size: int,
+                 window: int | None = None) -> None:
         self.q_start, self.q_end, self.seq_len = q_start, q_end, seq_len
+        self.window = window if window is not None and seq_len > window else None
         num_blocks = (seq_len + block_size - 1) // block_size
         self.slots = _slot_ids(block_table, num_blocks, block_size)[:seq_len]
         self._masks: dict[int, torch.Tensor] = {}
@@ -96,7 +107,10 @@ class _PrefillPlan:
             q_len = self.q_end - self.q_start
             q_pos = torch.arange(self.seq_len - q_len, self.seq_len, device=device)
             k_pos = torch.arange(self.seq_len, device=device)
-            mask = self._masks[group] = (k_pos[None, :] <= q_pos[:, None]).repeat(group, 1)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            if self.window is not None:
+                mask &= k_pos[None, :] > q_pos[:, None] - self.window
+            mask = self._masks[group] = mask.repeat(group, 1)
         return mask
 
     def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, scale: float) -> torch.Tensor:
@@ -109,7 +123,7 @@ class _PrefillPlan:
         # Inputs are 4-D ([1, heads, rows, D]): torch's CPU flash attention takes only batched ones,
         # 3-D inputs fall back to its math path (bmm, softmax, mask fix-ups: ~2.5x slower here, and
         # most of a prefill step's time).
-        if q_len == self.seq_len:
+        if q_len == self.seq_len and self.window is None:
             # A chunk that starts at position 0: plain causal attention, whose flash path skips the
             # masked half. K/V are repeated per query head: is_causal needs one row per (head, position).
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.repeat_interleave(group, 0)[None],
@@ -127,13 +141,13 @@ class PagedAttentionPlan:
     """What every layer's attention of one step shares, built from the step's metadata."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                 block_size: int, decode_only: bool, num_cache_blocks: int) -> None:
+                 block_size: int, decode_only: bool, num_cache_blocks: int, window: int | None = None) -> None:
         lens = seq_lens.tolist()
         self.decode_rows: torch.Tensor | None = None
         self.decode: _DecodePlan | None = None
         self.prefills: list[_PrefillPlan] = []
         if decode_only:
-            self.decode = _DecodePlan(block_tables, seq_lens, max(lens), block_size, num_cache_blocks)
+            self.decode = _DecodePlan(block_tables, seq_lens, max(lens), block_size, num_cache_blocks, window)
             return
         starts = query_start_loc.tolist()
         decodes = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
@@ -142,8 +156,8 @@ class PagedAttentionPlan:
             idx = torch.tensor(decodes, device=dev)
             self.decode_rows = torch.tensor([starts[i] for i in decodes], device=dev)
             self.decode = _DecodePlan(block_tables[idx], seq_lens[idx], max(lens[i] for i in decodes), block_size,
-                                      num_cache_blocks)
-        self.prefills = [_PrefillPlan(block_tables[i], starts[i], starts[i + 1], seq_len, block_size)
+                                      num_cache_blocks, window)
+        self.prefills = [_PrefillPlan(block_tables[i], starts[i], starts[i + 1], seq_len, block_size, window)
                          for i, seq_len in enumerate(lens) if starts[i + 1] - starts[i] > 1]
 
     def run(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -26,7 +26,10 @@ class TritonOps:
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         store_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
 
-    def attention(self, query, key_cache, value_cache, meta, scale: float) -> torch.Tensor:
+    def attention(self, query, key_cache, value_cache, meta, scale: float, window: int | None = None) -> torch.Tensor:
+        if window is not None and int(meta.max_seq_len) > window:
+            raise NotImplementedError("sliding-window attention is not in the Triton kernels yet: "
+                                      "use --attention-backend torch")
         if meta.decode_only:
             return paged_decode_attention_triton(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                                                  scale, max_seq_len=int(meta.max_seq_len))

@@ -1,4 +1,4 @@
-"""The decoder hyper-parameters read from a Hugging Face config.json, for the Llama family."""
+"""The decoder hyper-parameters read from a Hugging Face config.json: the Llama family and Gemma 3."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,15 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "Gemma3ForCausalLM": (False, True),
 }
+FULL, SLIDING = "full_attention", "sliding_attention"
+# Gemma 3's config: every sixth layer sees the whole context (transformers' `_sliding_window_pattern`).
+GEMMA3_SLIDING_PATTERN = 6
+
+
+def gemma3_layer_types(num_layers: int, pattern: int = GEMMA3_SLIDING_PATTERN) -> list[str]:
+    return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
 
 
 @dataclass(slots=True)
@@ -36,6 +44,24 @@ class ArchConfig:
     sliding_window: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    # Per layer, FULL or SLIDING (a sliding layer sees the last `sliding_window` positions).
+    layer_types: list[str] = field(default_factory=list)
+    # Gemma 3: rope theta of the sliding layers, the query scale's denominator, the MLP's activation.
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    hidden_act: str = "silu"
+
+    @property
+    def is_gemma3(self) -> bool:
+        return self.architecture == "Gemma3ForCausalLM"
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends over, or None for the whole context."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ArchConfig":
@@ -62,13 +88,30 @@ class ArchConfig:
             rope_scaling = rope_params
         eos = cfg.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None
+        gemma3 = arch == "Gemma3ForCausalLM"
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM" or gemma3) \
+            else None
+        layers = cfg["num_hidden_layers"]
+        layer_types = list(cfg.get("layer_types") or (gemma3_layer_types(layers) if gemma3 else
+                                                    [SLIDING if window else FULL] * layers))
+        if len(layer_types) != layers or set(layer_types) - {FULL, SLIDING}:
+            raise ValueError(f"model: layer_types must name {FULL!r} or {SLIDING!r} for each of the {layers} layers")
+        if not window:
+            layer_types = [FULL] * layers
+        local_theta = None
+        if gemma3:
+            # transformers >= 5 keys the rope settings by layer type; older configs name the local one.
+            full = rope_params.get(FULL) or {}
+            rope_theta = full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+            local = rope_params.get(SLIDING) or {}
+            local_theta = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+            rope_scaling = None if full.get("rope_type", "default") == "default" else full
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or hidden // heads,
@@ -83,6 +126,10 @@ class ArchConfig:
             sliding_window=window,
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
+            layer_types=layer_types,
+            rope_local_theta=local_theta,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma3 else None,
+            hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu",
         )
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

@@ -30,6 +30,13 @@ GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "gemma3": ("Gemma3ForCausalLM", False),
+}
+# Gemma 3's norms: its converter stores the RMSNorm multiplier 1 + w; transformers takes 1 back off.
+_GEMMA3_LAYER_TENSORS = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 
 # Quantization types whose dequantization this loader is tested with (tests/backend/models/test_gguf_types.py).
@@ -134,11 +141,28 @@ def hf_config(reader) -> dict[str, Any]:
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor", 1.0))}
     if "rope_freqs.weight" in names:
         raise ValueError("model: GGUF rope_freqs (Llama 3.1-style rope scaling) is not supported")
+    if arch == "gemma3":
+        config.update(_gemma3_config(meta, config))
     for key, name in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
         value = field_value(reader, name)
         if value is not None:
             config[key] = int(value)
     return config
+
+
+def _gemma3_config(meta, config: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' GGUF loader fills in for gemma3 beyond the common keys."""
+    from kvserve.backend.models.arch_config import FULL, SLIDING, gemma3_layer_types
+    return {
+        "layer_types": gemma3_layer_types(config["num_hidden_layers"]),
+        "sliding_window": int(meta("attention.sliding_window")),
+        # The GGUF keeps one theta, the full layers'; the sliding layers' is Gemma 3's fixed 10,000.
+        "rope_parameters": {FULL: {"rope_type": "default", "rope_theta": config["rope_theta"]},
+                            SLIDING: {"rope_type": "default", "rope_theta": 10000.0}},
+        # transformers' Gemma3TextConfig default (= head_dim for every size but the 27B).
+        "query_pre_attn_scalar": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 def _tensor(reader, name: str):
@@ -148,13 +172,14 @@ def _tensor(reader, name: str):
     raise ValueError(f"model: GGUF file lacks tensor {name}")
 
 
-def hf_tensor_name(name: str) -> str | None:
+def hf_tensor_name(name: str, arch: str = "llama") -> str | None:
     """Hugging Face's name for a GGUF tensor (None: a tensor the model does not use)."""
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name]
     match = _LAYER_NAME.fullmatch(name)
-    if match and match.group(2) in _LAYER_TENSORS:
-        return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
+    layer_names = {**_LAYER_TENSORS, **_GEMMA3_LAYER_TENSORS} if arch == "gemma3" else _LAYER_TENSORS
+    if match and match.group(2) in layer_names:
+        return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
     raise ValueError(f"model: unexpected tensor {name!r} in GGUF file")
 
 
@@ -182,10 +207,12 @@ def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray
     arch = field_value(reader, "general.architecture")
     permuted = GGUF_ARCHITECTURES[arch][1]
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None:
             continue
         array = dequantize(tensor)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array - np.float32(1.0)
         if permuted and ".self_attn.q_proj." in name:
             array = _unpermute(array, config["num_attention_heads"])
         elif permuted and ".self_attn.k_proj." in name:

@@ -15,8 +15,9 @@ from kvserve.backend.models.rope import build_cos_sin_cache
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, layer: int) -> None:
         super().__init__()
+        self.window = cfg.layer_window(layer)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -52,7 +53,7 @@ class DecoderLayer(nn.Module):
         ops.rotary(positions, q, k, cos_sin_cache, True)
         key_cache, value_cache = kv_cache
         ops.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
-        attn = ops.attention(q, key_cache, value_cache, meta, scale)
+        attn = ops.attention(q, key_cache, value_cache, meta, scale, window=self.window)
         h = self.o_proj(attn.reshape(-1, self.q_size))
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
@@ -63,7 +64,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
@@ -71,9 +72,14 @@ class LlamaForCausalLM(nn.Module):
         # models/quantize.py; parameters and loaders are unchanged by it.
         self.logits_proj: nn.Module | None = None
         self.scale = cfg.head_dim ** -0.5
-        self.register_buffer("cos_sin_cache",
-                             build_cos_sin_cache(cfg.head_dim, cfg.rope_theta, max_position, cfg.rope_scaling),
-                             persistent=False)
+        self.max_position = max_position
+        self.build_rotary()
+
+    def build_rotary(self, device: torch.device | None = None) -> None:
+        """The rotary table, float32 whatever the weights' dtype (rebuilt after loading: the model is
+        first made on the meta device)."""
+        self.cos_sin_cache = build_cos_sin_cache(self.cfg.head_dim, self.cfg.rope_theta, self.max_position,
+                                                 self.cfg.rope_scaling).to(device)
 
     @torch.inference_mode()
     def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:

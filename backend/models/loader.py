@@ -1,4 +1,4 @@
-"""Load a checkpoint into LlamaForCausalLM: a Hugging Face folder (config.json +
+"""Load a checkpoint into LlamaForCausalLM or Gemma3ForCausalLM: a Hugging Face folder (config.json +
 *.safetensors) or one GGUF file (gguf_checkpoint.py renames and dequantizes it).
 
 Only local files: no hub access. q/k/v and gate/up checkpoint tensors are
@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from kvserve.backend.models import gguf_checkpoint
 from kvserve.backend.models.arch_config import ArchConfig
+from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
 from kvserve.backend.models.llama import LlamaForCausalLM
-from kvserve.backend.models.rope import build_cos_sin_cache
 
 _FUSED = {
     "self_attn.q_proj": ("qkv_proj", 0), "self_attn.k_proj": ("qkv_proj", 1),
@@ -27,6 +27,9 @@ _RENAMED = {
     "self_attn.o_proj.weight": "o_proj.weight", "mlp.down_proj.weight": "down_proj.weight",
     "input_layernorm.weight": "input_layernorm", "post_attention_layernorm.weight": "post_attention_layernorm",
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
+    # Gemma 3's two extra norms around the MLP.
+    "pre_feedforward_layernorm.weight": "pre_feedforward_layernorm",
+    "post_feedforward_layernorm.weight": "post_feedforward_layernorm",
 }
 
 
@@ -119,11 +122,8 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
         cfg = ArchConfig.from_dict(config)
         tensors = _gguf_tensors(reader, config)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_position)
+        model = (Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM)(cfg, max_position)
     model = model.to_empty(device=device)
-    # to_empty left the buffer uninitialised: rebuild the rotary table.
-    model.cos_sin_cache = build_cos_sin_cache(cfg.head_dim, cfg.rope_theta, max_position,
-                                              cfg.rope_scaling).to(device)
     loaded: set[tuple[int, int | None]] = set()
     with torch.no_grad():
         for name, tensor in tensors:
@@ -140,6 +140,8 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
     missing = [n for n, p in model.named_parameters() if not _fully_loaded(model, n, p, loaded)]
     if missing:
         raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    if hasattr(model, "finalize_weights"):
+        model.finalize_weights()
     model = model.to(dtype)
-    model.cos_sin_cache = model.cos_sin_cache.float()
+    model.build_rotary(device)
     return model.eval(), cfg

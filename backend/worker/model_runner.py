@@ -94,9 +94,6 @@ class ModelRunner:
         if self.max_model_len > arch.max_position_embeddings:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings ({arch.max_position_embeddings})")
-        if arch.sliding_window and arch.sliding_window < self.max_model_len:
-            log.warning("model has a %d-token sliding window: max_model_len capped to it", arch.sliding_window)
-            self.max_model_len = arch.sliding_window
         self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len)
         quantize_model(self.model, config.quantization, self.device)
         if wants_cpu_linear(self.device, self.dtype, config.quantization):

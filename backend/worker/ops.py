@@ -25,7 +25,8 @@ class TorchOps:
 
     def __init__(self) -> None:
         cpu_native.available()  # build (or find the cached) native kernel now, not at the first decode step
-        self._attention: tuple[object, PagedAttentionPlan] | None = None
+        # The last step's plans, one per sliding window its layers use (None: full attention).
+        self._attention: tuple[object, dict[int | None, PagedAttentionPlan]] | None = None
         self._store: tuple[torch.Tensor, KVStorePlan] | None = None
         self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -34,12 +35,16 @@ class TorchOps:
             self._store = (slot_mapping, KVStorePlan(slot_mapping))
         self._store[1].store(key, value, key_cache, value_cache)
 
-    def attention(self, query, key_cache, value_cache, meta, scale: float) -> torch.Tensor:
+    def attention(self, query, key_cache, value_cache, meta, scale: float, window: int | None = None) -> torch.Tensor:
         if self._attention is None or self._attention[0] is not meta:
-            self._attention = (meta, PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                                        key_cache.shape[1], meta.decode_only,
-                                                        key_cache.shape[0]))
-        return self._attention[1].run(query, key_cache, value_cache, scale)
+            self._attention = (meta, {})
+        plans = self._attention[1]
+        plan = plans.get(window)
+        if plan is None:
+            plan = plans[window] = PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                                      key_cache.shape[1], meta.decode_only, key_cache.shape[0],
+                                                      window)
+        return plan.run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):
         if x.dim() == 2:  # the decoder's [T, hidden] rows; per-head q/k norms keep torch
