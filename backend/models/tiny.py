@@ -25,7 +25,7 @@ _CHAT_TEMPLATE = (
 )
 _FORMAT = 2  # bump when the files written for a given spec change
 _ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 @dataclass(slots=True)
@@ -43,6 +43,9 @@ class TinySpec:
     dtype: str = "float32"
     rope_theta: float = 10000.0
     seed: int = 0
+    # mistral, qwen2, gemma3: the window of their sliding layers (mistral: every layer; qwen2: the
+    # layers from the second on; gemma3: all but every sixth and the last), None for none.
+    sliding_window: int | None = None
 
 
 def train_tokenizer(vocab_size: int):
@@ -70,11 +73,15 @@ def _weights(spec: TinySpec, vocab: int, head_dim: int) -> dict:
         return (torch.randn(*shape, generator=g) * std).to(dtype)
 
     def norm(n):
-        return (1.0 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+        # Gemma's norms multiply by 1 + w: their weights are centred on zero.
+        centre = 0.0 if spec.arch == "gemma3" else 1.0
+        return (centre + 0.1 * torch.randn(n, generator=g)).to(dtype)
 
     h, inter = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * head_dim, spec.num_kv_heads * head_dim
-    w = {"model.embed_tokens.weight": rand(vocab, h, std=1.0), "model.norm.weight": norm(h)}
+    # Gemma scales the embedding by sqrt(hidden): unscaled it would drown every layer's output.
+    embed_std = h ** -0.5 if spec.arch == "gemma3" else 1.0
+    w = {"model.embed_tokens.weight": rand(vocab, h, std=embed_std), "model.norm.weight": norm(h)}
     if not spec.tie_word_embeddings:
         w["lm_head.weight"] = rand(vocab, h)
     for i in range(spec.num_layers):
@@ -86,9 +93,12 @@ def _weights(spec: TinySpec, vocab: int, head_dim: int) -> dict:
         if spec.arch == "qwen2":
             for name, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                 w[p + f"self_attn.{name}.bias"] = rand(n, std=0.1)
-        if spec.arch == "qwen3":
+        if spec.arch in ("qwen3", "gemma3"):
             w[p + "self_attn.q_norm.weight"] = norm(head_dim)
             w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+        if spec.arch == "gemma3":
+            w[p + "pre_feedforward_layernorm.weight"] = norm(h)
+            w[p + "post_feedforward_layernorm.weight"] = norm(h)
         w[p + "mlp.gate_proj.weight"] = rand(inter, h)
         w[p + "mlp.up_proj.weight"] = rand(inter, h)
         w[p + "mlp.down_proj.weight"] = rand(h, inter)
@@ -109,8 +119,24 @@ def _config(spec: TinySpec, vocab: int, head_dim: int, eos: list[int], bos: int)
     }
     if spec.arch == "llama":
         cfg.update(attention_bias=False, mlp_bias=False)
+    window = spec.sliding_window
     if spec.arch == "mistral":
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = window
+        if window:
+            cfg["layer_types"] = ["sliding_attention"] * spec.num_layers
+    if spec.arch == "qwen2" and window:
+        cfg.update(use_sliding_window=True, sliding_window=window, max_window_layers=1,
+                   layer_types=["full_attention"] + ["sliding_attention"] * (spec.num_layers - 1))
+    if spec.arch == "gemma3":
+        # Every sixth layer and the last see the whole context, so that two layers already hold both kinds.
+        types = ["full_attention" if (i + 1) % 6 == 0 or i == spec.num_layers - 1 else "sliding_attention"
+                 for i in range(spec.num_layers)]
+        cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=head_dim,
+                   sliding_window=window or spec.max_position, layer_types=types,
+                   final_logit_softcapping=None, attn_logit_softcapping=None,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": spec.rope_theta * 100},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": spec.rope_theta}})
+        del cfg["hidden_act"], cfg["rope_theta"]
     return cfg
 
 
@@ -186,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            kind = int if f in ("head_dim",) else type(default)
+            kind = int if f in ("head_dim", "sliding_window") else type(default)
             parser.add_argument(flag, type=kind, default=default)
     args = vars(parser.parse_args(argv))
     out_dir = args.pop("out_dir") or default_model_dir()
