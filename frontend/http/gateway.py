@@ -12,7 +12,7 @@ from aiohttp import web
 from kvserve.frontend.backend_client import BackendClient, BackendUnavailable, EmbeddingBackend, ReadinessCache
 from kvserve.frontend.http.api_keys import key_digest
 from kvserve.frontend.http.gateway_config import GatewayConfig
-from kvserve.frontend.openai import FALLBACK_TEMPLATE, ApiError, backend_unavailable, model_not_found, shutting_down
+from kvserve.frontend.openai import ApiError, backend_unavailable, model_not_found, shutting_down
 from kvserve.observability.metrics_gateway import GatewayMetrics
 from kvserve.seam.tokenizer import ModelTokenizer
 
@@ -77,10 +77,16 @@ class Gateway:
         return self.tokenizer
 
     def chat_template(self) -> str:
+        """The --chat-template, else the model's own. A model with none (a base model) has no chat
+        format to guess: a made-up one would give text the model was never trained on."""
         if self.config.chat_template:
             return self.config.chat_template
         tok = self.tokenizer
-        return tok.chat_template if tok is not None and tok.chat_template else FALLBACK_TEMPLATE
+        if tok is not None and tok.chat_template:
+            return tok.chat_template
+        raise ApiError(400, "this model has no chat template, so it cannot answer chat requests: start the "
+                       "server with --chat-template FILE, or use /v1/completions", param="messages",
+                       code="chat_template_missing")
 
     async def ensure_embedder_ready(self) -> None:
         if self.draining:

@@ -9,7 +9,6 @@ from kvserve.frontend import exports_loader
 # (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "ApiError": ".api_errors",
-    "FALLBACK_TEMPLATE": ".chat_template",
     "PUBLIC_PATHS": ".openapi",
     "TOOL_PARSERS": ".tools",
     "ToolSettings": ".tools",

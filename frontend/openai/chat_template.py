@@ -12,16 +12,6 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Used when the model ships no template (random test models, base models):
-# a ChatML-style layout so chat still works, as many servers do.
-FALLBACK_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
 class ChatTemplateError(ValueError):
     """The template refused the conversation (e.g. roles must alternate)."""
 

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.frontend.openai.chat_template import (FALLBACK_TEMPLATE, ChatTemplateError, render_chat,
+from kvserve.frontend.openai.chat_template import (ChatTemplateError, render_chat,
                                                    resolve_template_arg)
 from kvserve.seam.tokenizer import ModelTokenizer
 
-from gw_fakes import make_tokenizer_dir
+from gw_fakes import FakeBackend, GatewayServer, make_tokenizer_dir, post
+from kvserve.frontend.http.gateway_config import GatewayConfig
 
 
 def test_tokenizer_files_give_special_tokens_and_template(tokenizer_dir: Path) -> None:
@@ -39,9 +40,21 @@ def test_template_helpers_and_errors() -> None:
         render_chat("{{ ''.__class__.__mro__[1].__subclasses__() }}", [])
 
 
-def test_fallback_template_for_models_without_one() -> None:
-    out = render_chat(FALLBACK_TEMPLATE, [{"role": "user", "content": "hi"}])
-    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+def test_a_model_without_a_chat_template_refuses_chat_by_name(tmp_path: Path) -> None:
+    """A base model (Gemma 3 270M, say) ships no template: chat gets a 400 naming --chat-template,
+    completions still work, and the flag's template is then used."""
+    bare = make_tokenizer_dir(tmp_path / "bare", template=None)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with GatewayServer(FakeBackend(), GatewayConfig(served_model_names=["tiny"]), bare) as srv:
+        resp = post(f"{srv.url}/v1/chat/completions", chat)
+        assert resp.status == 400
+        error = json.loads(resp.body)["error"]
+        assert "--chat-template" in error["message"] and error["code"] == "chat_template_missing"
+        assert error["param"] == "messages"
+        assert post(f"{srv.url}/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}).status == 200
+    given = GatewayConfig(served_model_names=["tiny"], chat_template="{{ messages[0].content }}")
+    with GatewayServer(FakeBackend(), given, bare) as srv:
+        assert post(f"{srv.url}/v1/chat/completions", chat).status == 200
 
 
 def test_chat_template_jinja_file_and_list_form(tmp_path: Path) -> None:
