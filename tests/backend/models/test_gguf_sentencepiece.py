@@ -169,17 +169,10 @@ def test_synthetic_files_tokenize_as_transformers(tmp_path: Path, arch: str, pre
 
 # --- The real Gemma 3 270M vocabulary -------------------------------------------------------------------
 
-def gemma3_gguf_path() -> Path:
-    """Where the real file is looked for (one place, to point at the known model once it can be fetched)."""
-    return Path("/tmp/gemma-3-270m-q4_k_m.gguf")
-
-
 @pytest.fixture(scope="module")
-def gemma3_path() -> Path:
-    path = gemma3_gguf_path()
-    if not path.is_file():
-        pytest.skip(f"{path} is not there (Gemma 3 270M's GGUF file, 242 MB)")
-    return path
+def gemma3_path(gemma3_model_path: str) -> Path:
+    """Gemma 3 270M's GGUF file, the known model `gemma-3-270m` (fetched once into the cache)."""
+    return Path(gemma3_model_path)
 
 
 @pytest.fixture(scope="module")
