@@ -65,7 +65,8 @@ class LLMEngine:
         self.vocab_size = self.runner.arch.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
         self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token)
-        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                 self.runner.kv_groups)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)

@@ -22,7 +22,7 @@ class ScheduledRequest:
     request_id: str
     token_ids: list[int]       # the tokens to compute, positions start .. start+len-1
     start_position: int        # = num_computed_tokens before this step
-    new_block_ids: list[int]   # blocks the request got since its last step (all of them when it (re)starts)
+    new_block_ids: list[list[int]]  # per KV cache group: blocks got since the last step (all when it (re)starts)
     samples: bool              # True when this chunk reaches the end of the known tokens
 
 
@@ -121,7 +121,7 @@ class Scheduler:
         return out
 
     @staticmethod
-    def _emit(out: SchedulerOutput, req: Request, num_new: int, new_blocks: list[int]) -> None:
+    def _emit(out: SchedulerOutput, req: Request, num_new: int, new_blocks: list[list[int]]) -> None:
         start = req.num_computed_tokens
         out.scheduled.append(ScheduledRequest(
             request_id=req.request_id,

@@ -8,7 +8,11 @@ from kvserve.backend import exports_loader
 # (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "CudaMemoryProfile": ".kv_budget",
+    "KVCacheGroup": ".kv_groups",
     "KVCacheManager": ".manager",
+    "blocks_for_request": ".kv_groups",
+    "layer_slots": ".kv_groups",
+    "plan_groups": ".kv_groups",
     "describe": ".kv_budget",
     "kv_budget_bytes": ".kv_budget",
     "profile_query_lens": ".kv_budget",

@@ -110,7 +110,8 @@ class Gemma3ForCausalLM(nn.Module):
         # transformers multiplies by the scale held as a tensor of the weights' dtype.
         x = self.embed_tokens(input_ids) * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=self.embed_tokens.weight.dtype)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
+        for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             table = self.cos_sin_cache if layer.window is None else self.local_cos_sin_cache
             x, residual = layer(ops, x, residual, positions, table, kv_cache, meta, self.scale)
         x, residual = x[logits_indices], residual[logits_indices]

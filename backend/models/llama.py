@@ -85,7 +85,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
+        for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x, residual = layer(ops, x, residual, positions, self.cos_sin_cache, kv_cache, meta, self.scale)
         # Only the rows that sample need the final norm and the (large) vocabulary projection.
         x, residual = x[logits_indices], residual[logits_indices]

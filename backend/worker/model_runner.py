@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.backend.engine import EngineConfig, SchedulerOutput
-from kvserve.backend.kv_cache import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
+from kvserve.backend.kv_cache import (CudaMemoryProfile, blocks_for_request, describe, kv_budget_bytes, layer_slots,
+                                      plan_groups, profile_query_lens)
 from kvserve.backend.models import (ArchConfig, load_arch_config, load_model, pack_linears, quantize_model,
                                     wants_cpu_linear)
 from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
@@ -102,22 +103,34 @@ class ModelRunner:
         self.block_size = config.block_size
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
         self.memory_profile: CudaMemoryProfile | None = None
+        # Layers by attention type (kv_cache/kv_groups.py): layer j of every group uses KV tensor j.
+        self.kv_groups = plan_groups([arch.layer_window(i) for i in range(arch.num_hidden_layers)])
+        self.layer_slots = layer_slots(self.kv_groups, arch.num_hidden_layers)
         self.num_blocks = self._plan_kv_blocks(cuda_start)
         shape = (self.num_blocks, self.block_size, arch.num_key_value_heads, arch.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
-                          for _ in range(arch.num_hidden_layers)]
+        tensors = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+                   for _ in self.kv_groups[0].layers]
+        self.kv_caches = [tensors[j] for _, j in self.layer_slots]
         self.num_steps = 0
-        self.block_tables: dict[str, list[int]] = {}  # request id -> its KV block ids, in order
+        # request id -> per group, its KV block ids in order (stale ids where a sliding group let a
+        # block go: only positions outside the window map there, and the window masks them).
+        self.block_tables: dict[str, list[list[int]]] = {}
         self.graphs = self._capture_graphs()
 
     @property
     def kv_bytes_per_token(self) -> int:
         return self.arch.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes behind one block id: a block of every layer of one group."""
+        per_layer = self.kv_bytes_per_token // self.arch.num_hidden_layers
+        return per_layer * len(self.kv_groups[0].layers) * self.block_size
+
     def _plan_kv_blocks(self, cuda_start: "_CudaSnapshot | None") -> int:
         cfg = self.config
-        block_bytes = self.kv_bytes_per_token * self.block_size
+        block_bytes = self.block_bytes
         if cfg.num_kv_blocks is not None:
             num_blocks = cfg.num_kv_blocks
         elif cfg.kv_cache_memory is not None:
@@ -129,23 +142,31 @@ class ModelRunner:
             log.info(describe(self.memory_profile, cfg.gpu_memory_utilization, num_blocks * block_bytes))
         else:
             # CPU: enough for every sequence at full length, at most the default budget.
-            wanted = cfg.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
+            per_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
+            wanted = cfg.max_num_seqs * per_request * block_bytes
             num_blocks = min(wanted, cfg.default_kv_bytes) // block_bytes + 1
         num_blocks = int(num_blocks)
-        usable_tokens = (num_blocks - 1) * self.block_size
-        if num_blocks < 2 or usable_tokens < self.max_model_len:
+        one_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
+        if num_blocks < 2 or num_blocks - 1 < one_request:
             raise ValueError(
-                f"max_model_len: {self.max_model_len} tokens do not fit the KV cache budget of "
-                f"{max(num_blocks - 1, 0)} blocks ({usable_tokens} tokens, "
-                f"{self.kv_bytes_per_token} bytes per token); raise --kv-cache-memory or lower --max-model-len")
-        log.info("KV cache: %d bytes per token, %d blocks of %d tokens, %d tokens at most in flight (%.1f MiB)",
-                 self.kv_bytes_per_token, num_blocks - 1, self.block_size, usable_tokens,
-                 num_blocks * block_bytes / 2**20)
+                f"max_model_len: {self.max_model_len} tokens need {one_request} KV blocks, more than the budget "
+                f"of {max(num_blocks - 1, 0)} blocks ({block_bytes} bytes each); raise --kv-cache-memory or "
+                f"lower --max-model-len")
+        windows = sorted({g.window for g in self.kv_groups if g.window is not None})
+        log.info("KV cache: %d groups of %d layers (%d full, %d sliding%s), %d blocks of %d tokens "
+                 "(%d bytes each, %.1f MiB); one %d-token request holds %d blocks",
+                 len(self.kv_groups), len(self.kv_groups[0].layers),
+                 sum(g.window is None for g in self.kv_groups), sum(g.window is not None for g in self.kv_groups),
+                 f", window {windows[0]}" if windows else "", num_blocks - 1, self.block_size, block_bytes,
+                 num_blocks * block_bytes / 2**20, self.max_model_len, one_request)
         return num_blocks
 
     def _capture_graphs(self):
         """Decode CUDA graphs on CUDA with the Triton kernels (the torch path syncs with the host)."""
         if self.device.type != "cuda" or self.config.enforce_eager or self.ops.name != "triton":
+            return None
+        if len(self.kv_groups) > 1 or self.kv_groups[0].window is not None:
+            log.info("CUDA graphs are not captured for sliding-window models yet: decode runs eagerly")
             return None
         from kvserve.backend.worker.cuda_graphs import DecodeGraphs
         from kvserve.backend.worker.graph_buckets import capture_sizes
@@ -212,9 +233,10 @@ class ModelRunner:
         for s in out.scheduled:
             table = tables.get(s.request_id)
             if table is None:
-                tables[s.request_id] = list(s.new_block_ids)
-            elif s.new_block_ids:
-                table.extend(s.new_block_ids)
+                tables[s.request_id] = [list(ids) for ids in s.new_block_ids]
+            else:
+                for group_table, ids in zip(table, s.new_block_ids):
+                    group_table.extend(ids)
 
     def reset_block_tables(self) -> None:
         """After a failed step: every request was failed, none of their tables is needed."""
@@ -224,11 +246,7 @@ class ModelRunner:
         sched = out.scheduled
         q_lens = [len(s.token_ids) for s in sched]
         seq_lens = [s.start_position + n for s, n in zip(sched, q_lens)]
-        rows = [self.block_tables[s.request_id] for s in sched]
-        max_blocks = max(len(r) for r in rows)
-        table = [r + [0] * (max_blocks - len(r)) for r in rows]
         dev = self.device
-        block_tables = torch.tensor(table, dtype=torch.int32, device=dev)
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=dev)
         starts = torch.tensor([s.start_position for s in sched], dtype=torch.int64, device=dev)
         req_index = torch.repeat_interleave(torch.arange(len(sched), device=dev), q_lens_t)
@@ -236,16 +254,22 @@ class ModelRunner:
         torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
         offsets = torch.arange(int(query_start_loc[-1]), device=dev) - query_start_loc[:-1][req_index]
         positions = starts[req_index] + offsets
-        blocks = block_tables.long()[req_index, positions // self.block_size]
-        slot_mapping = blocks * self.block_size + positions % self.block_size
         input_ids = torch.tensor([t for s in sched for t in s.token_ids], dtype=torch.int64, device=dev)
         sample_rows = [i for i, s in enumerate(sched) if s.samples]
         logits_indices = query_start_loc[1:][sample_rows] - 1
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping, block_tables=block_tables,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=query_start_loc.to(torch.int32), max_seq_len=max(seq_lens),
-            max_query_len=max(q_lens), decode_only=max(q_lens) == 1)
+        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+        group_metas = []
+        for g in range(len(self.kv_groups)):
+            rows = [self.block_tables[s.request_id][g] for s in sched]
+            max_blocks = max(len(r) for r in rows)
+            block_tables = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.int32, device=dev)
+            blocks = block_tables.long()[req_index, positions // self.block_size]
+            group_metas.append(AttentionMetadata(
+                slot_mapping=blocks * self.block_size + positions % self.block_size, block_tables=block_tables,
+                seq_lens=seq_lens_t, query_start_loc=query_start_loc.to(torch.int32), max_seq_len=max(seq_lens),
+                max_query_len=max(q_lens), decode_only=max(q_lens) == 1))
+        # One model of one group gets the metadata itself, as the CUDA graphs expect.
+        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.layer_slots]
         return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
 
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:

@@ -25,20 +25,23 @@ class TorchOps:
 
     def __init__(self) -> None:
         cpu_native.available()  # build (or find the cached) native kernel now, not at the first decode step
-        # The last step's plans, one per sliding window its layers use (None: full attention).
-        self._attention: tuple[object, dict[int | None, PagedAttentionPlan]] | None = None
-        self._store: tuple[torch.Tensor, KVStorePlan] | None = None
+        # This step's plans, by the identity of the metadata they were made from (one per KV cache
+        # group), each with one attention plan per window its layers use (None: full attention).
+        self._attention: dict[int, tuple[object, dict[int | None, PagedAttentionPlan]]] = {}
+        self._store: dict[int, tuple[torch.Tensor, KVStorePlan]] = {}
         self._rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        if self._store is None or self._store[0] is not slot_mapping:
-            self._store = (slot_mapping, KVStorePlan(slot_mapping))
-        self._store[1].store(key, value, key_cache, value_cache)
+        entry = self._store.get(id(slot_mapping))
+        if entry is None or entry[0] is not slot_mapping:
+            entry = _remember(self._store, slot_mapping, KVStorePlan(slot_mapping))
+        entry[1].store(key, value, key_cache, value_cache)
 
     def attention(self, query, key_cache, value_cache, meta, scale: float, window: int | None = None) -> torch.Tensor:
-        if self._attention is None or self._attention[0] is not meta:
-            self._attention = (meta, {})
-        plans = self._attention[1]
+        entry = self._attention.get(id(meta))
+        if entry is None or entry[0] is not meta:
+            entry = _remember(self._attention, meta, {})
+        plans = entry[1]
         plan = plans.get(window)
         if plan is None:
             plan = plans[window] = PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
@@ -65,6 +68,15 @@ class TorchOps:
         for x in (query, key):
             if not cpu_native.rotary(x, r[2], r[3], is_neox):
                 rotate_torch(x, None, r[2][:, None, :], r[3][:, None, :], is_neox)
+
+
+def _remember(plans: dict, key_object, plan):
+    """Keep plan for key_object; a new step's objects push the old step's out (a step has at most
+    a few KV cache groups, so a small bound never drops a plan the step still uses)."""
+    if len(plans) >= 16:
+        plans.clear()
+    entry = plans[id(key_object)] = (key_object, plan)
+    return entry
 
 
 def select_ops(attention_backend: str, device: torch.device):

@@ -51,3 +51,30 @@ def test_sliding_window_chunked_prefill_matches_transformers(arch):
     model_dir, prompts = _model(arch), _prompts(seed=5)
     ours = _greedy(model_dir, prompts, max_num_seqs=4, max_num_batched_tokens=5, block_size=4)
     assert ours == hf_greedy(model_dir, prompts, MAX_NEW)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+def test_sliding_window_prefix_hits_match_transformers(arch):
+    """The prompts twice with prefix caching: the second pass starts from cached blocks of every
+    KV cache group, the sliding groups' unseen hits left out."""
+    model_dir, prompts = _model(arch), _prompts(seed=9)
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=16, block_size=4, enable_prefix_caching=True,
+              **GPU_ENGINE_ARGS)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    first = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    hits = llm.engine.kv.prefix_hits
+    again = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    assert llm.engine.kv.prefix_hits > hits
+    assert first == again == hf_greedy(model_dir, prompts, MAX_NEW)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks
+
+
+def test_sliding_window_preemption_matches_transformers():
+    model_dir, prompts = _model("gemma3"), _prompts(seed=13)
+    # 3 groups of one layer; the longest request needs ~21 blocks in the full group alone.
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=8, block_size=4, num_kv_blocks=48, max_model_len=84,
+              **GPU_ENGINE_ARGS)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
+    assert llm.engine.scheduler.num_preemptions_total > 0
+    assert [list(o.outputs[0].token_ids) for o in outs] == hf_greedy(model_dir, prompts, MAX_NEW)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks

@@ -33,8 +33,8 @@ def _ours(model_dir: str, dtype: str, tokens: list[int]) -> torch.Tensor:
                                       max_model_len=64, num_kv_blocks=1 + 64 // BLOCK))
     assert runner.ops.name == "triton"
     blocks = list(range(1, 1 + -(-len(tokens) // BLOCK)))  # block 0 is the null block
-    steps = [SchedulerOutput(scheduled=[ScheduledRequest("r", tokens[:PROMPT], 0, blocks, True)])]  # the whole table
-    steps += [SchedulerOutput(scheduled=[ScheduledRequest("r", [tokens[p]], p, [], True)])  # no new blocks
+    steps = [SchedulerOutput(scheduled=[ScheduledRequest("r", tokens[:PROMPT], 0, [blocks], True)])]  # the whole table
+    steps += [SchedulerOutput(scheduled=[ScheduledRequest("r", [tokens[p]], p, [[]], True)])  # no new blocks
               for p in range(PROMPT, len(tokens))]
     return torch.cat([runner.execute(step)[0].float().cpu() for step in steps])
 

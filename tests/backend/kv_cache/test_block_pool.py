@@ -42,7 +42,7 @@ def test_allocate_and_free_return_every_block():
     assert kv.usage() == pytest.approx(3 / 8)
     r.num_computed_tokens = 10
     r.output_token_ids.append(5)
-    assert kv.allocate_slots(r, 1) == []  # 11 tokens still fit in 3 blocks
+    assert kv.allocate_slots(r, 1) == [[]]  # 11 tokens still fit in 3 blocks (of the one KV group)
     kv.free(r)
     assert kv.num_free_blocks == 8 and kv.usage() == 0.0
 
@@ -60,7 +60,7 @@ def test_prefix_hit_shares_blocks_and_caps_before_the_last_token():
     kv.allocate_slots(a, 12)
     b = _req("b", list(range(12)))  # identical prompt: at most 2 of 3 blocks may hit
     hits, n = kv.get_computed_blocks(b)
-    assert n == 8 and [h.block_id for h in hits] == kv.block_ids("a")[:2]
+    assert n == 8 and [h.block_id for h in hits[0]] == kv.block_ids("a")[:2]
     kv.allocate_slots(b, 4, hits)
     assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2] and kv.block_ids("b")[2] != kv.block_ids("a")[2]
     assert kv.pool.blocks[kv.block_ids("a")[0]].ref_cnt == 2

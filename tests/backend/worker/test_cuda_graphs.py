@@ -43,13 +43,13 @@ def test_static_buffer_decode_equals_the_eager_step(llama_dir, backend):
     lens = (9, 3, 14)
     tables = [[1, 2, 3], [4], [5, 6, 7, 8]]
     prompts = [list(range(10 + i, 10 + i + n)) for i, n in enumerate(lens)]
-    runner.execute(SchedulerOutput([ScheduledRequest(f"r{i}", p, 0, t, True)
+    runner.execute(SchedulerOutput([ScheduledRequest(f"r{i}", p, 0, [t], True)
                                     for i, (p, t) in enumerate(zip(prompts, tables))]))
     # One decode step; request r1 (a 1-token chunk that does not sample) shows rows are picked, not assumed.
     # No new blocks: the runner keeps the tables the prefill gave it.
-    step = SchedulerOutput([ScheduledRequest("r0", [7], 9, [], True),
-                            ScheduledRequest("r1", [8], 3, [], False),
-                            ScheduledRequest("r2", [9], 14, [], True)])
+    step = SchedulerOutput([ScheduledRequest("r0", [7], 9, [[]], True),
+                            ScheduledRequest("r1", [8], 3, [[]], False),
+                            ScheduledRequest("r2", [9], 14, [[]], True)])
     eager, ids = runner.execute(step)
     assert ids == ["r0", "r2"]
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
@@ -65,6 +65,6 @@ def test_static_buffer_decode_equals_the_eager_step(llama_dir, backend):
         assert not k[0].any() and not v[0].any() and not k[9:].any() and not v[9:].any()
         torch.testing.assert_close((k, v), (k0, v0), rtol=1e-5, atol=1e-5)
     # A bigger batch from an earlier step must not leak into a smaller one.
-    small = SchedulerOutput([ScheduledRequest("r0", [7], 9, [], True)])
+    small = SchedulerOutput([ScheduledRequest("r0", [7], 9, [[]], True)])
     torch.testing.assert_close(graphs.run(*runner._prepare(small)[:4]), runner.execute(small)[0],
                                rtol=1e-5, atol=1e-5)
