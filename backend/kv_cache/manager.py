@@ -115,10 +115,12 @@ class KVCacheManager:
         num_free_hits = sum(1 for group_hits in hits for b in group_hits if b is not None and b.ref_cnt == 0)
         if sum(wanted) > self.pool.num_free_blocks - num_free_hits:
             return None
+        # Every group's hits come out of the free list before any fresh block is drawn: drawing
+        # evicts from the free list's head, which may hold another group's hit.
+        for group_hits in hits:
+            self.pool.touch([b for b in group_hits if b is not None])
         new_ids = []
         for table, group_hits, count in zip(state.tables, hits, wanted):
-            taken = [b for b in group_hits if b is not None]
-            self.pool.touch(taken)
             table.extend(group_hits)
             fresh = self.pool.get_new_blocks(count)
             table.extend(fresh)

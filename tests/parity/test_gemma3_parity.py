@@ -120,7 +120,9 @@ def test_prefix_cache_hits(gemma3_model_path, long_prompts, hf_model) -> None:
 
 def test_preemption(gemma3_model_path, prompts, reference) -> None:
     need = max(len(p) for p in prompts) + MAX_NEW
-    blocks = -(-need // 16) * 3 + 1  # room for about three of the sixteen requests at once
+    # Six KV cache groups (one full, five sliding: these prompts stay inside the window, so each
+    # group holds all of a request's blocks); room for about three of the sixteen requests at once.
+    blocks = 6 * -(-need // 16) * 3 + 1
     llm = LLM(model=gemma3_model_path, dtype="float32", max_num_seqs=16, num_kv_blocks=blocks, block_size=16,
               max_model_len=need)
     assert _greedy(llm, prompts) == reference

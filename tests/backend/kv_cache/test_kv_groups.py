@@ -95,3 +95,22 @@ def test_a_prefix_hit_needs_every_group_and_skips_what_the_window_does_not_see()
     for block in list(kv2._reqs["c"].tables[1]):
         kv2.pool._evict(block)
     assert kv2.get_computed_blocks(_req("d", list(range(40)) + [1]))[1] == 0
+
+
+def test_fresh_blocks_never_come_from_another_groups_hits() -> None:
+    """Hits sit in the free list: drawing group 0's fresh blocks must not evict (and hand out) a
+    block group 1 is about to take as its hit."""
+    groups = [KVCacheGroup((0,), None), KVCacheGroup((1,), None)]
+    kv = KVCacheManager(num_blocks=9, block_size=4, groups=groups)  # 8 usable
+    x, a = _req("x", [9] * 8), _req("a", list(range(8)))
+    kv.allocate_slots(x, 8)
+    kv.allocate_slots(a, 8)
+    kv.free(a)  # free list: a's group-0 blocks, then its group-1 blocks
+    kv.free(x)
+    c = _req("c", list(range(4)) + [50] * 9)
+    hits, n = kv.get_computed_blocks(c)
+    assert n == 4
+    assert kv.allocate_slots(c, 9, hits) is not None  # 3 fresh blocks per group, 6 free besides the hits
+    held = [b for g in range(2) for b in kv.block_ids("c", g)]
+    assert len(held) == 8 and len(set(held)) == 8, held
+    assert all(kv.pool.blocks[b].ref_cnt == 1 for b in held)
