@@ -17,6 +17,15 @@ position is looked up in the block table inside the kernel::
 Splits are cut per request from its own length (a whole number of tiles each),
 so a short request in a ragged batch finishes its splits early instead of
 idling on masked tiles; splits past its end are empty (lse = -inf).
+
+With a sliding window W a request's visible positions are its last W: the
+splits cut those, and its first tile starts at its first visible position
+(mid-block, usually), so nothing before the window is read at all, neither the
+released blocks behind it (stale ids or the null block in the table) nor masked
+positions:
+
+    positions   0 ........ len-W ........................ len
+                [ not read ][ split 0 ][ split 1 ] ...      (tiles of BLOCK_N from len-W)
 """
 from __future__ import annotations
 
@@ -38,7 +47,7 @@ _MAX_SPLITS = 64
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, num_splits,
+    scale_log2, num_splits, window,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -48,15 +57,18 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, SLIDING: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + b)
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
+    first = 0
+    if SLIDING:
+        first = tl.maximum(seq_len - window, 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len - first, BLOCK_N), num_splits)
+    start = first + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -130,7 +142,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, sms: int)
     return 1 << (n.bit_length() - 1)
 
 
-def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits):
+def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits, window):
     batch, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     check_paged_attention_args(query, key_cache, value_cache, block_tables, out, batch)
@@ -151,7 +163,7 @@ def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, s
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens,
         out, part_out, part_lse,
-        scale * LOG2_E, num_splits,
+        scale * LOG2_E, num_splits, window,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -160,7 +172,7 @@ def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, s
         *p_strides, *l_strides,
         GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, next_pow2(group)), BLOCK_D=block_d, BLOCK_N=_BLOCK_N,
-        DIRECT=direct, UPCAST=upcast, PRECISION=precision,
+        DIRECT=direct, UPCAST=upcast, PRECISION=precision, SLIDING=window > 0,
         num_warps=4,
     )
     if not direct:
@@ -176,11 +188,12 @@ def _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, s
 def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                                   max_seq_len: int | None = None, num_splits: int | None = None,
-                                  out: torch.Tensor | None = None) -> torch.Tensor:
+                                  out: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """query [B, Hq, D] -> out [B, Hq, D]; same contract as `paged_decode_attention_torch`.
 
     `max_seq_len` (from the batch metadata) avoids a device sync to size the
-    split count; `num_splits` overrides the heuristic.
+    split count; `num_splits` overrides the heuristic. `window` (None or 0: the
+    whole context) limits each query to its context's last `window` positions.
     """
     check(query.dim() == 3, "query must be [batch, num_heads, head_size]")
     check_paged_cache(key_cache, value_cache)
@@ -188,13 +201,16 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
         out = torch.empty_like(query)
     if query.shape[0] == 0:
         return out
+    window = window or 0
+    check(window >= 0, "window must be None or >= 0")
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
-        num_splits = choose_num_splits(query.shape[0], key_cache.shape[2], max_seq_len, num_sms(query.device))
+        visible = min(max_seq_len, window) if window else max_seq_len  # what the splits share
+        num_splits = choose_num_splits(query.shape[0], key_cache.shape[2], visible, num_sms(query.device))
     check(num_splits >= 1, "num_splits must be >= 1")
     if max_seq_len is not None:  # a short table would make the kernel read past it
         check(block_tables.shape[1] * key_cache.shape[1] >= max_seq_len,
               f"block_tables has too few columns for max_seq_len={max_seq_len}")
-    _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits)
+    _launch_decode(query, key_cache, value_cache, block_tables, seq_lens, out, scale, num_splits, window)
     return out

@@ -15,6 +15,15 @@ are masked:
 
     keys  0 ........ ctx+m0 ....... ctx+m0+BLOCK_M
           [ unmasked tiles ][ diagonal tiles ]  (nothing past the tile's last row)
+
+With a sliding window W, row i sees positions q - W < k <= q (q = ctx + i). Key
+tiles start at the tile's first row's first visible position, lo = ctx+m0-W+1:
+nothing before it is read (the released blocks behind the window, stale ids or
+the null block in the table, sit there), and the tiles before the one that
+starts at or past the last row's first visible position need the window's mask:
+
+    keys  lo .... last row's first .............. ctx+m0 ....... ctx+m0+BLOCK_M
+          [ window tiles ][ unmasked tiles       ][ diagonal tiles (causal and window) ]
 """
 from __future__ import annotations
 
@@ -30,9 +39,43 @@ _BLOCK_N = 64
 
 
 @jit
+def _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, bound, window, table_row, k_cache_ptr, v_cache_ptr, kvh,
+                        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2,
+                        HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    """`attend_tile` with the window's mask: row r sees positions > q_pos[r] - window (and < bound,
+    and, if CAUSAL, <= q_pos[r]). Keys a row cannot see are loaded for the other rows: the caller
+    starts at positions some row sees, which lie in live blocks."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    toks = tok0 + offs_n
+    n_mask = toks < bound
+    nd_mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    page = tl.load(table_row + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    row = toks % BLOCK_SIZE
+
+    k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
+    k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    visible = (toks[None, :] > q_pos[:, None] - window) & n_mask[None, :]
+    if CAUSAL:
+        visible &= toks[None, :] <= q_pos[:, None]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    v_off = page * stride_vb + row * stride_vt + kvh * stride_vh
+    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2,
+    scale_log2, window,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -40,7 +83,7 @@ def _prefill_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, SLIDING: tl.constexpr,
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -71,18 +114,40 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
 
-    full_end = (ctx + m0) // BLOCK_N * BLOCK_N
     hi = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
-    for tok0 in range(0, full_end, BLOCK_N):
+    lo = 0
+    unmasked = 0  # where the tiles every row sees in full begin
+    if SLIDING:
+        # Every row sees a key of the first tile (so its running max is finite from there on):
+        # row r's first visible position is at most lo + r.
+        tl.static_assert(BLOCK_M <= BLOCK_N)
+        # Padding rows would see nothing of a short window: they take the last real row's keys.
+        q_pos = ctx + tl.minimum(offs_m, q_len - 1)
+        lo = tl.maximum(ctx + m0 - window + 1, 0)
+        unmasked = lo + tl.cdiv(tl.maximum(hi - window - lo, 0), BLOCK_N) * BLOCK_N
+    full_end = lo + (ctx + m0 - lo) // BLOCK_N * BLOCK_N
+    if SLIDING:
+        for tok0 in range(lo, tl.minimum(unmasked, full_end), BLOCK_N):
+            acc, m_i, l_i = _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row,
+                                                k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh,
+                                                stride_vb, stride_vt, stride_vh, scale_log2, HEAD_SIZE,
+                                                BLOCK_SIZE, BLOCK_D, BLOCK_N, False, PRECISION)
+    for tok0 in range(unmasked, full_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
                                     BLOCK_N, False, False, PRECISION)
     for tok0 in range(full_end, hi, BLOCK_N):
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
-                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
-                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                    BLOCK_N, True, True, PRECISION)
+        if SLIDING:
+            acc, m_i, l_i = _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row,
+                                                k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh,
+                                                stride_vb, stride_vt, stride_vh, scale_log2, HEAD_SIZE,
+                                                BLOCK_SIZE, BLOCK_D, BLOCK_N, True, PRECISION)
+        else:
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+                                        v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                        stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                        BLOCK_N, True, True, PRECISION)
 
     o = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -90,7 +155,7 @@ def _prefill_kernel(
 
 
 def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out, scale,
-                    max_query_len):
+                    max_query_len, window):
     num_tokens, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     batch = seq_lens.shape[0]
@@ -107,7 +172,7 @@ def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query
     grid = (cdiv(max_query_len, block_m), batch, num_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * LOG2_E,
+        scale * LOG2_E, window,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -115,7 +180,7 @@ def _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query
         out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_D=next_pow2(head_size), BLOCK_N=_BLOCK_N,
-        UPCAST=upcast, PRECISION=precision,
+        UPCAST=upcast, PRECISION=precision, SLIDING=window > 0,
         num_warps=4 if head_size <= 64 else 8,
     )
 
@@ -124,14 +189,17 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
                                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                    query_start_loc: torch.Tensor, scale: float, *,
                                    max_query_len: int | None = None, max_seq_len: int | None = None,
-                                   out: torch.Tensor | None = None) -> torch.Tensor:
+                                   out: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """query [T, Hq, D] -> out [T, Hq, D]; same contract as `paged_prefill_attention_torch`.
 
     `max_query_len` (from the batch metadata) sizes the grid without a device
     sync; `max_seq_len`, when given, lets the launcher check the block table is
-    wide enough.
+    wide enough. `window` (None or 0: the whole context) limits each query row
+    to its last `window` positions.
     """
     check(query.dim() == 3, "query must be [num_tokens, num_heads, head_size]")
+    window = window or 0
+    check(window >= 0, "window must be None or >= 0")
     if out is None:
         out = torch.empty_like(query)
     if query.shape[0] == 0 or seq_lens.shape[0] == 0:
@@ -144,5 +212,5 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
         check(block_tables.shape[1] * key_cache.shape[1] >= max_seq_len,
               f"block_tables has too few columns for max_seq_len={max_seq_len}")
     _launch_prefill(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, out, scale,
-                    max_query_len)
+                    max_query_len, window)
     return out

@@ -27,15 +27,14 @@ class TritonOps:
         store_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
 
     def attention(self, query, key_cache, value_cache, meta, scale: float, window: int | None = None) -> torch.Tensor:
-        if window is not None and int(meta.max_seq_len) > window:
-            raise NotImplementedError("sliding-window attention is not in the Triton kernels yet: "
-                                      "use --attention-backend torch")
+        # The window goes to the kernels even when every context fits in it: which kernel variant
+        # runs then depends on the layer, never on the step's lengths (as a captured graph needs).
         if meta.decode_only:
             return paged_decode_attention_triton(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-                                                 scale, max_seq_len=int(meta.max_seq_len))
+                                                 scale, max_seq_len=int(meta.max_seq_len), window=window)
         return paged_prefill_attention_triton(query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                                               meta.query_start_loc, scale, max_query_len=int(meta.max_query_len),
-                                              max_seq_len=int(meta.max_seq_len))
+                                              max_seq_len=int(meta.max_seq_len), window=window)
 
     def rms_norm(self, x, weight, eps, residual=None):
         return rms_norm_triton(x, weight, eps, residual)

@@ -21,8 +21,9 @@ def test_same_interface_as_torch_ops():
     assert _public_methods(TritonOps) == _public_methods(TorchOps)
 
 
+@pytest.mark.parametrize("window", [None, 20])  # 20: shorter than two of the three contexts
 @pytest.mark.parametrize("decode_only", [True, False])
-def test_attention_matches_torch_ops(device, decode_only):
+def test_attention_matches_torch_ops(device, decode_only, window):
     gen = torch.Generator().manual_seed(0)
     seq_lens = [37, 5, 300]
     query_lens = [1, 1, 1] if decode_only else [20, 5, 1]
@@ -31,8 +32,8 @@ def test_attention_matches_torch_ops(device, decode_only):
     meta = SimpleNamespace(decode_only=decode_only, block_tables=kv.block_tables, seq_lens=kv.seq_lens,
                            query_start_loc=starts, max_seq_len=max(seq_lens), max_query_len=max(query_lens))
     query = torch.randn(sum(query_lens), 8, 64, generator=gen).to(device)
-    got = TritonOps().attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
-    want = TorchOps().attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
+    got = TritonOps().attention(query, kv.key_cache, kv.value_cache, meta, 0.125, window)
+    want = TorchOps().attention(query, kv.key_cache, kv.value_cache, meta, 0.125, window)
     assert_close(got, want, torch.float32)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_test_inputs import assert_close, make_paged_kv, poisoned_like
+from sliding_window_inputs import release_behind_window, windowed_reference
 
 from kvserve.kernels.paged_decode_attention import (choose_num_splits, paged_decode_attention_torch,
                                                     paged_decode_attention_triton)
@@ -82,3 +83,58 @@ def test_block_table_too_narrow_is_refused(device):
     with pytest.raises(ValueError, match="too few columns"):
         paged_decode_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables[:, :2], kv.seq_lens,
                                       0.125, max_seq_len=40)
+
+
+def _run_window(device, dtype, group, head_size, block_size, seq_lens, window, num_splits=None, seed=5):
+    """Each query sees its context's last `window` positions; the blocks before them point at a
+    NaN null block, which the kernel must not read."""
+    gen = torch.Generator().manual_seed(seed)
+    kv = make_paged_kv(seq_lens, NUM_KV_HEADS, head_size, block_size, dtype, device, gen)
+    query = torch.randn(len(seq_lens), NUM_KV_HEADS * group, head_size, generator=gen).to(dtype).to(device)
+    scale = head_size ** -0.5
+    query_lens = [1] * len(seq_lens)
+    expected = windowed_reference(query, kv, query_lens, scale, window)
+    # The inputs are ones where the window changes the result.
+    assert not torch.allclose(expected, windowed_reference(query, kv, query_lens, scale, None), atol=1e-2)
+    released, num_released = release_behind_window(kv, query_lens, window)
+    assert num_released > 0
+    out = poisoned_like(query)
+    paged_decode_attention_triton(query, released.key_cache, released.value_cache, released.block_tables,
+                                  released.seq_lens, scale, max_seq_len=max(seq_lens), num_splits=num_splits,
+                                  out=out, window=window)
+    assert_close(out, expected, dtype)
+
+
+# Windows of 37 (not a multiple of the block size: every start mid-block), 64 (a block-aligned
+# start for the 320-token context, mid-block for the others) and 1 (the query's own position);
+# contexts shorter than, equal to and one past the window.
+@pytest.mark.parametrize("dtype,group,head_size,block_size,window,num_splits", [
+    (torch.float32, 2, 64, 16, 37, 1),
+    (torch.float32, 4, 80, 8, 37, 3),
+    (torch.float32, 1, 64, 16, 64, None),
+    (torch.bfloat16, 2, 128, 16, 64, 2),
+    (torch.float16, 2, 64, 16, 1, 1),
+])
+def test_sliding_window_matches_windowed_reference(device, dtype, group, head_size, block_size, window,
+                                                   num_splits):
+    _run_window(device, dtype, group, head_size, block_size, [300, 1, 320, window, window + 1, 150], window,
+                num_splits=num_splits)
+
+
+def test_sliding_window_splits_over_a_long_context(device):
+    """A 2,000-token context: the splits share the window's positions, whether the launcher sizes
+    their count or four split a 300-token window."""
+    _run_window(device, torch.float32, 2, 64, 16, [2000], 100, num_splits=None)
+    _run_window(device, torch.float32, 2, 64, 16, [2000], 300, num_splits=4, seed=6)
+
+
+def test_window_covering_every_context_is_full_attention(device):
+    gen = torch.Generator().manual_seed(7)
+    seq_lens = [40, 3, 64]
+    kv = make_paged_kv(seq_lens, NUM_KV_HEADS, 64, 16, torch.float32, device, gen)
+    query = torch.randn(len(seq_lens), NUM_KV_HEADS * 2, 64, generator=gen).to(device)
+    for window in (64, 1000, 0, None):
+        got = paged_decode_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens,
+                                            0.125, num_splits=1, window=window)
+        assert_close(got, paged_decode_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables,
+                                                       kv.seq_lens, 0.125), torch.float32)
