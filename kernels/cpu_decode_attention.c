@@ -10,6 +10,7 @@
  *   caches [num_blocks, bs, Hkv, D]   row of slot s: block s / bs, offset s % bs
  *   tables [B, table_stride] int32    block ids of request b
  *   lens   [B] int32                  context length of request b (>= 1)
+ *   window                            > 0: each query sees its last `window` positions only
  *   out    [B, Hq, D]
  *
  * Each K/V row is read once for all the query heads that share it.
@@ -18,6 +19,9 @@
  * vectorizable polynomial, since libm's expf is scalar), so the
  * kernel needs no buffer that grows with the context: everything lives on the
  * stack, bounded by the KVSERVE_MAX_* limits the caller checks.
+ * With a window, a request's loop starts at its first visible position, often mid-block: the
+ * blocks behind it (released by a sliding KV cache group, their table entries stale or the
+ * null block) are never read, and no position is read only to be masked.
  * Built by kvserve.kernels.cpu_native with -fopenmp; OpenMP here is torch's
  * own runtime (the libgomp.so.1 already loaded in the process), so the
  * region runs on the same thread team as torch's ops.
@@ -49,11 +53,12 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-/* One request's query heads of kv heads [kv_lo, kv_hi) against its context, block by block, each
- * block's rows read once for all those heads (consecutive slots are `row_stride` floats apart).
+/* One request's query heads of kv heads [kv_lo, kv_hi) against its positions [begin, len), block by
+ * block, each block's rows read once for all those heads (consecutive slots are `row_stride` floats
+ * apart).
  * `head_dim` is a compile-time constant where attend() is inlined into a specialised caller. */
 static inline void attend(const float *restrict q, const float *restrict key_cache,
-                          const float *restrict value_cache, const int32_t *restrict table, int64_t len,
+                          const float *restrict value_cache, const int32_t *restrict table, int64_t begin, int64_t len,
                           float *restrict o, int64_t kv_lo, int64_t kv_hi, int64_t group, const int64_t head_dim,
                           int64_t row_stride, int64_t block_size, float scale) {
     const int64_t heads = (kv_hi - kv_lo) * group; /* query heads of this item */
@@ -66,9 +71,11 @@ static inline void attend(const float *restrict q, const float *restrict key_cac
         sum[i] = 0.0f;
     }
     const float *qh = q + kv_lo * group * head_dim;
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const int64_t first = (int64_t)table[start / block_size] * block_size * row_stride + kv_lo * head_dim;
+    for (int64_t start = begin, n; start < len; start += n) {
+        const int64_t offset = start % block_size; /* non-zero only for a window's first block */
+        n = len - start < block_size - offset ? len - start : block_size - offset;
+        const int64_t first =
+            ((int64_t)table[start / block_size] * block_size + offset) * row_stride + kv_lo * head_dim;
         const float *k = key_cache + first, *v = value_cache + first;
         for (int64_t t = 0; t < n; ++t)
             for (int64_t i = 0; i < heads; ++i)
@@ -148,13 +155,20 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
+/* Tokens of the chunk at t0: up to chunk_max, within t0's cache block and before len. */
+static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t block_size) {
+    int64_t n = block_size - t0 % block_size;
+    n = n < chunk_max ? n : chunk_max;
+    return (int)(len - t0 < n ? len - t0 : n);
+}
+
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
- * context, 16 tokens at a time: each chunk's rows are read once, front to back, for all those kv
- * heads, while the next chunk's are prefetched. One kv head's G query heads keep their
+ * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
+ * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
  * accumulators in registers through the chunk. */
 static inline __attribute__((always_inline)) void attend_avx512(
     const int NV, const int G, const float *restrict q, const float *restrict key_cache,
-    const float *restrict value_cache, const int32_t *restrict table, int64_t len, float *restrict o,
+    const float *restrict value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
     int64_t kv_lo, int64_t kv_hi, int64_t row_stride, int64_t block_size, float scale) {
     const int64_t head_dim = NV * 16;
     const int64_t heads = (kv_hi - kv_lo) * G;
@@ -168,17 +182,18 @@ static inline __attribute__((always_inline)) void attend_avx512(
     const float *qh = q + kv_lo * G * head_dim;
     float *oh = o + kv_lo * G * head_dim;
     const int64_t span = (kv_hi - kv_lo) * head_dim; /* floats of a slot this item reads */
-    /* Chunks of up to 16 tokens that stay within one cache block (consecutive slots). */
+    /* Chunks of up to 16 tokens that stay within one cache block (consecutive slots); a window
+     * starting mid-block makes the chunks of its first block end at the block's end, not 16 apart. */
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
-    for (int64_t t0 = 0; t0 < len; t0 += chunk_max) {
-        const int n = (int)(len - t0 < chunk_max ? len - t0 : chunk_max);
+    for (int64_t t0 = begin, n; t0 < len; t0 += n) {
+        n = chunk_len(t0, len, chunk_max, block_size);
         const int64_t first =
             ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv_lo * head_dim;
-        const int64_t t1 = t0 + chunk_max;
+        const int64_t t1 = t0 + n;
         if (t1 < len) { /* the next chunk's rows, while these are used */
             const int64_t next =
                 ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
-            const int m = (int)(len - t1 < chunk_max ? len - t1 : chunk_max);
+            const int m = chunk_len(t1, len, chunk_max, block_size);
             for (int t = 0; t < m; t++)
                 for (int64_t f = 0; f < span; f += 16) {
                     _mm_prefetch((const char *)(key_cache + next + t * row_stride + f), _MM_HINT_T0);
@@ -232,9 +247,9 @@ static inline __attribute__((always_inline)) void attend_avx512(
 
 #define ATTEND_AVX512(NV, G)                                                                                      \
     static void attend_avx512_##NV##_##G(const float *q, const float *kc, const float *vc, const int32_t *table,  \
-                                         int64_t len, float *o, int64_t lo, int64_t hi, int64_t row_stride,        \
-                                         int64_t block_size, float scale) {                                        \
-        attend_avx512(NV, G, q, kc, vc, table, len, o, lo, hi, row_stride, block_size, scale);                    \
+                                         int64_t begin, int64_t len, float *o, int64_t lo, int64_t hi,             \
+                                         int64_t row_stride, int64_t block_size, float scale) {                    \
+        attend_avx512(NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);             \
     }
 ATTEND_AVX512(4, 1)
 ATTEND_AVX512(4, 2)
@@ -243,8 +258,8 @@ ATTEND_AVX512(4, 4)
 ATTEND_AVX512(8, 1)
 ATTEND_AVX512(8, 2)
 
-typedef void (*attend_fn)(const float *, const float *, const float *, const int32_t *, int64_t, float *, int64_t,
-                          int64_t, int64_t, int64_t, float);
+typedef void (*attend_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, float *,
+                          int64_t, int64_t, int64_t, int64_t, float);
 
 /* The specialised kernel for this head size and group, or NULL (the scalar loops run). */
 static attend_fn avx512_kernel(int64_t head_dim, int64_t group) {
@@ -259,10 +274,10 @@ static attend_fn avx512_kernel(int64_t head_dim, int64_t group) {
 #endif
 
 #define ATTEND_WITH_HEAD_DIM(D)                                                                                  \
-    static void attend_##D(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t len, \
-                           float *o, int64_t lo, int64_t hi, int64_t group, int64_t row_stride,                \
+    static void attend_##D(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t begin, \
+                           int64_t len, float *o, int64_t lo, int64_t hi, int64_t group, int64_t row_stride,   \
                            int64_t block_size, float scale) {                                                    \
-        attend(q, kc, vc, table, len, o, lo, hi, group, D, row_stride, block_size, scale);                      \
+        attend(q, kc, vc, table, begin, len, o, lo, hi, group, D, row_stride, block_size, scale);               \
     }
 ATTEND_WITH_HEAD_DIM(64)
 ATTEND_WITH_HEAD_DIM(128)
@@ -273,7 +288,7 @@ ATTEND_WITH_HEAD_DIM(128)
 int kvserve_paged_decode_f32(const float *query, const float *key_cache, const float *value_cache,
                              const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out,
                              int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                             int64_t block_size, float scale, int num_threads) {
+                             int64_t block_size, int64_t window, float scale, int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     if (num_heads > KVSERVE_MAX_HEADS || head_dim > KVSERVE_MAX_HEAD_DIM || block_size > KVSERVE_MAX_BLOCK)
         return -1;
@@ -290,19 +305,20 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
         float *o = out + b * num_heads * head_dim;
         const int32_t *table = tables + b * table_stride;
         const int64_t hi = lo + heads_per_item;
+        const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
 #if defined(__AVX512F__)
         if (fast) {
-            fast(q, key_cache, value_cache, table, lens[b], o, lo, hi, row_stride, block_size, scale);
+            fast(q, key_cache, value_cache, table, begin, len, o, lo, hi, row_stride, block_size, scale);
             continue;
         }
 #endif
         if (head_dim == 64)
-            attend_64(q, key_cache, value_cache, table, lens[b], o, lo, hi, group, row_stride, block_size, scale);
+            attend_64(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, row_stride, block_size, scale);
         else if (head_dim == 128)
-            attend_128(q, key_cache, value_cache, table, lens[b], o, lo, hi, group, row_stride, block_size, scale);
+            attend_128(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, row_stride, block_size, scale);
         else
-            attend(q, key_cache, value_cache, table, lens[b], o, lo, hi, group, head_dim, row_stride, block_size,
-                   scale);
+            attend(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, head_dim, row_stride,
+                   block_size, scale);
     }
     return 0;
 }

@@ -90,7 +90,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     fn = lib.kvserve_paged_decode_f32
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
     lib.kvserve_rms_norm_f32.argtypes = [p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     lib.kvserve_rms_norm_f32.restype = None
@@ -134,8 +134,13 @@ def supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                 window: int | None = None) -> torch.Tensor:
     """query [B, Hq, D] -> out [B, Hq, D]; same contract as paged_decode_attention_torch (float32 only).
+
+    With a `window`, each query sees its context's last `window` positions: the kernel starts
+    there, so the table entries of the blocks before them are never read (a sliding KV cache
+    group's released blocks: stale ids or the null block).
 
     `block_tables` must be int32 with contiguous rows and `seq_lens` int32 contiguous,
     each length >= 1 (the caller prepares them once per step)."""
@@ -155,7 +160,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     status = lib.kvserve_paged_decode_f32(
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
-        block_size, float(scale), torch.get_num_threads())
+        block_size, window or 0, float(scale), torch.get_num_threads())
     if status:
         raise ValueError(f"CPU decode attention: shapes beyond the kernel's bounds ({num_heads} heads, "
                          f"head size {head_dim}, block size {block_size}); check supports() first")

@@ -40,16 +40,16 @@ class _DecodePlan:
     In float32 with the native kernel built (kernels/cpu_native.py) the caches are
     read in place through the block table; otherwise each layer gathers the
     contexts, padded to the longest, and runs SDPA on the copies. With a sliding
-    window, a row attends to its last `window` positions only: the native kernel
-    reads whole contexts, so a step where some context is longer than the window
-    takes the gathered path with the window in its mask."""
+    window, a row attends to its last `window` positions only, and neither path
+    reads the positions before them: a sliding KV cache group has released their
+    blocks, whose table entries are stale ids or the null block."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
                  num_cache_blocks: int, window: int | None = None) -> None:
         self.batch = block_tables.shape[0]
         num_blocks = (max_len + block_size - 1) // block_size
         self.window = window if window is not None and max_len > window else None
-        self.native = cpu_native.available() and block_tables.device.type == "cpu" and self.window is None
+        self.native = cpu_native.available() and block_tables.device.type == "cpu"
         if self.native:
             # The kernel trusts its indices: check them here, once per step, not per token.
             if block_tables.shape[1] < num_blocks or int(seq_lens.min()) < 1 or (
@@ -58,26 +58,30 @@ class _DecodePlan:
                                  "or a block id beyond the cache")
             self.tables = block_tables.to(torch.int32).contiguous()
             self.lens = seq_lens.to(torch.int32).contiguous()
-        self.span = num_blocks * block_size
+        self.span = num_blocks * block_size if self.window is None else self.window
         self._tables, self._seq_lens, self._block_size = block_tables, seq_lens, block_size
         self._gather: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _gather_plan(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._gather is None:
-            slots = _slot_ids(self._tables, self.span // self._block_size, self._block_size)
             positions = torch.arange(self.span, device=self._tables.device)[None, :]
             lens = self._seq_lens[:, None].to(self._tables.device)
-            mask = positions < lens
-            if self.window is not None:
-                mask &= positions >= lens - self.window
-            mask = mask[:, None, None, :]
-            self._gather = (slots, mask)
+            if self.window is None:
+                slots = _slot_ids(self._tables, self.span // self._block_size, self._block_size)
+                mask = positions < lens
+            else:  # each row's own last `window` positions; a shorter context's tail is masked
+                positions = positions + (lens - self.window).clamp(min=0)
+                mask = positions < lens
+                positions = torch.minimum(positions, lens - 1)
+                blocks = self._tables.long().gather(1, positions // self._block_size)
+                slots = (blocks * self._block_size + positions % self._block_size).reshape(-1)
+            self._gather = (slots, mask[:, None, None, :])
         return self._gather
 
     def run(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             scale: float) -> torch.Tensor:
         if self.native and cpu_native.supports(query, key_cache):
-            return cpu_native.paged_decode(query, key_cache, value_cache, self.tables, self.lens, scale)
+            return cpu_native.paged_decode(query, key_cache, value_cache, self.tables, self.lens, scale, self.window)
         slots, mask = self._gather_plan()
         batch, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]
@@ -91,14 +95,17 @@ class _DecodePlan:
 
 class _PrefillPlan:
     """One request's chunk of L > 1 query rows, causal over its whole context (or, with a sliding
-    window, over each row's last `window` positions)."""
+    window, over each row's last `window` positions: only those of the chunk's first row on are
+    gathered, the blocks before them having been released)."""
 
     def __init__(self, block_table: torch.Tensor, q_start: int, q_end: int, seq_len: int, block_size: int,
                  window: int | None = None) -> None:
         self.q_start, self.q_end, self.seq_len = q_start, q_end, seq_len
         self.window = window if window is not None and seq_len > window else None
+        # The first position the chunk's first row sees.
+        self.first = 0 if self.window is None else max(0, seq_len - (q_end - q_start) - self.window + 1)
         num_blocks = (seq_len + block_size - 1) // block_size
-        self.slots = _slot_ids(block_table, num_blocks, block_size)[:seq_len]
+        self.slots = _slot_ids(block_table, num_blocks, block_size)[self.first:seq_len]
         self._masks: dict[int, torch.Tensor] = {}
 
     def _mask(self, group: int, device) -> torch.Tensor:
@@ -106,7 +113,7 @@ class _PrefillPlan:
         if mask is None:
             q_len = self.q_end - self.q_start
             q_pos = torch.arange(self.seq_len - q_len, self.seq_len, device=device)
-            k_pos = torch.arange(self.seq_len, device=device)
+            k_pos = torch.arange(self.first, self.seq_len, device=device)
             mask = k_pos[None, :] <= q_pos[:, None]
             if self.window is not None:
                 mask &= k_pos[None, :] > q_pos[:, None] - self.window
@@ -118,7 +125,7 @@ class _PrefillPlan:
         num_kv_heads = key_cache.shape[2]
         group = num_heads // num_kv_heads
         k, v = (_flat_rows(cache).index_select(0, self.slots)
-                .view(self.seq_len, num_kv_heads, head_dim).to(q.dtype).transpose(0, 1)
+                .view(self.seq_len - self.first, num_kv_heads, head_dim).to(q.dtype).transpose(0, 1)
                 for cache in (key_cache, value_cache))
         # Inputs are 4-D ([1, heads, rows, D]): torch's CPU flash attention takes only batched ones,
         # 3-D inputs fall back to its math path (bmm, softmax, mask fix-ups: ~2.5x slower here, and

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kernel_test_inputs import assert_close, make_paged_kv
+from sliding_window_inputs import release_behind_window, windowed_reference
 
 from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
@@ -98,6 +99,54 @@ def test_native_plan_refuses_tables_that_would_read_outside_the_cache():
                                query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32))
         with pytest.raises(ValueError, match="decode attention"):
             TorchOps().attention(torch.randn(2, 4, 64), kv.key_cache, kv.value_cache, meta, 0.125)
+
+
+# Windows of 37 (never a multiple of the block size: the contexts' windows start mid-block) and 64
+# (block-aligned starts for some); steps of decodes only, and decodes mixed with prefill chunks
+# that start before and past the window.
+@pytest.mark.parametrize("window", [37, 64])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 50, 1, 9]])
+def test_sliding_window_attention_never_reads_behind_the_window(query_lens, window, decode_path, monkeypatch):
+    """Against the windowed reference, with the blocks behind each first query's window pointing at a
+    NaN null block; the native kernel takes the decode rows itself, however long the contexts."""
+    native_calls, paged_decode = [], cpu_native.paged_decode
+
+    def counted(*args):
+        native_calls.append(args)
+        return paged_decode(*args)
+
+    monkeypatch.setattr(cpu_native, "paged_decode", counted)
+    gen = torch.Generator().manual_seed(window + sum(query_lens))
+    seq_lens = [300, 129, window + 1, 20]
+    kv = make_paged_kv(seq_lens, 3, 64, 16, torch.float32, torch.device("cpu"), gen)
+    query = torch.randn(sum(query_lens), 9, 64, generator=gen)
+    expected = windowed_reference(query, kv, query_lens, 0.125, window)
+    assert not torch.allclose(expected, windowed_reference(query, kv, query_lens, 0.125, None), atol=1e-2)
+    released, num_released = release_behind_window(kv, query_lens, window)
+    assert num_released > 0
+    got = TorchOps().attention(query, released.key_cache, released.value_cache, _meta(released, query_lens), 0.125,
+                               window)
+    assert_close(got, expected, torch.float32)
+    assert len(native_calls) == (decode_path == "native")
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
+                         [(9, 3, 64, 16), (4, 1, 80, 8), (8, 8, 32, 1),
+                          # the AVX-512 path's: its 16-token chunks must stop at the first block's end
+                          (8, 4, 64, 8), (4, 1, 64, 64), (8, 8, 128, 32), (16, 8, 128, 16)])
+@pytest.mark.parametrize("window", [1, 21, 64])
+def test_native_decode_kernel_with_window(num_heads, num_kv_heads, head_dim, block_size, window):
+    gen = torch.Generator().manual_seed(num_heads * head_dim + block_size + window)
+    seq_lens = [1, window, window + 1, 300, 77, 2 * window + 5]
+    kv = make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.float32, torch.device("cpu"), gen)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen)
+    query_lens = [1] * len(seq_lens)
+    released, num_released = release_behind_window(kv, query_lens, window)
+    assert num_released > 0
+    got = cpu_native.paged_decode(query, released.key_cache, released.value_cache, released.block_tables,
+                                  released.seq_lens, 0.1, window)
+    assert_close(got, windowed_reference(query, kv, query_lens, 0.1, window), torch.float32)
 
 
 def test_store_kv_equals_reference_with_skipped_slots():
