@@ -29,12 +29,16 @@
 #define KVSERVE_GRID_ROWS 4 /* rows per pass: 4 outputs x 4 rows of accumulators */
 #define KVSERVE_GRID_PREFETCH_BYTES (16 * 1024)
 
-/* Code formats: 4-bit affine (d * q + m) and 8-bit symmetric (d * q). */
-enum { GRID_Q4 = 4, GRID_Q8 = 8 };
+/* Code formats: 4-bit affine (d * q + m), 8-bit symmetric (d * q), and 8-bit affine with d and m
+ * per half block of 16 inputs (Q5_1's, Q5_K's and Q6_K's codes, backend/models/gguf_codes.py). */
+enum { GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
 
-/* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit). */
+/* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit; for
+ * halves d of the first 16 inputs, d of the last 16, then m likewise). */
 static int64_t block_bytes(int bits) {
-    return bits == GRID_Q4 ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8 : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4;
+    return bits == GRID_Q4   ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8
+           : bits == GRID_Q8 ? KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4
+                             : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 16;
 }
 
 #if defined(__AVX512F__)
@@ -71,6 +75,14 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
                 const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + o * 16)));
                 w_lo = _mm512_permutexvar_ps(codes, table);
                 w_hi = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+            } else if (BITS == GRID_Q8_HALVES) {
+                /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
+                const __m128i *codes = (const __m128i *)(blk + o * 32);
+                const __m512 q_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes)));
+                const __m512 q_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1)));
+                w_lo = _mm512_fmadd_ps(q_lo, _mm512_set1_ps(d[o]), _mm512_set1_ps(d[2 * KVSERVE_GRID_OUTS + o]));
+                w_hi = _mm512_fmadd_ps(q_hi, _mm512_set1_ps(d[KVSERVE_GRID_OUTS + o]),
+                                       _mm512_set1_ps(d[3 * KVSERVE_GRID_OUTS + o]));
             } else {
                 const __m512 scale = _mm512_set1_ps(d[o]);
                 const __m128i *codes = (const __m128i *)(blk + o * 32);
@@ -92,8 +104,10 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     case n:                                                                                         \
         if (bits == GRID_Q4)                                                                        \
             strip_pass(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width);            \
-        else                                                                                        \
+        else if (bits == GRID_Q8)                                                                   \
             strip_pass(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width);            \
+        else                                                                                        \
+            strip_pass(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);     \
         break;
 
 static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int64_t k, const uint8_t *strip,
@@ -112,7 +126,7 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
 #if defined(__AVX512F__)
-    if ((bits != GRID_Q4 && bits != GRID_Q8) || k % KVSERVE_GRID_GROUP) return 3;
+    if ((bits != GRID_Q4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP) return 3;
     const int64_t strips = (n + KVSERVE_GRID_OUTS - 1) / KVSERVE_GRID_OUTS;
     const int64_t strip_bytes = k / KVSERVE_GRID_GROUP * block_bytes(bits);
 #pragma omp parallel for schedule(static) num_threads(num_threads)

@@ -37,7 +37,8 @@
  * int4 codes, two per byte, with a scale and a zero per output and group of 32 inputs; and the
  * grid codes of float32 weights (backend/models/grid_weights.py): 4-bit ones whose value is
  * q * d + m, 8-bit ones q * d, with d (and m) per output and group of 32 inputs. */
-enum { W_F32 = 0, W_I8 = 1, W_I4 = 2, W_G4 = 3, W_G8 = 4 };
+enum { W_F32 = 0, W_I8 = 1, W_I4 = 2, W_G4 = 3, W_G8 = 4, W_G8H = 5 };
+#define KVSERVE_LINEAR_HALF_GROUP 16 /* inputs per d and m of W_G8H: 8-bit codes q * d + m (Q6_K's sub-block) */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -53,9 +54,10 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
     __m512 group_scale = _mm512_setzero_ps(), group_zero = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; k++) {
         __m512 wv;
-        if (WT == W_I4 || WT == W_G4 || WT == W_G8) {
-            if ((k & (KVSERVE_LINEAR_I4_GROUP - 1)) == 0) {
-                const int64_t g = k / KVSERVE_LINEAR_I4_GROUP;
+        if (WT == W_I4 || WT == W_G4 || WT == W_G8 || WT == W_G8H) {
+            const int64_t group = WT == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP;
+            if ((k & (group - 1)) == 0) {
+                const int64_t g = k / group;
                 group_scale = _mm512_loadu_ps(scales + g * KVSERVE_LINEAR_TILE);
                 if (WT != W_G8) group_zero = _mm512_loadu_ps(zeros + g * KVSERVE_LINEAR_TILE);
             }
@@ -71,11 +73,12 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
             /* int4: (q - 8) * scale, exact, plus zero in one rounding. Grid: q * d + m in one rounding,
              * which is q * d then + m since grid_weights.py keeps only steps d that make q * d exact. */
             wv = _mm512_fmadd_ps(WT == W_I4 ? _mm512_sub_ps(q, _mm512_set1_ps(8.0f)) : q, group_scale, group_zero);
-        } else if (WT == W_I8 || WT == W_G8) {
+        } else if (WT == W_I8 || WT == W_G8 || WT == W_G8H) {
             const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
             wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wk)));
             if (WT == W_G8) wv = _mm512_mul_ps(wv, group_scale); /* q * d, one rounding as numpy's */
+            if (WT == W_G8H) wv = _mm512_fmadd_ps(wv, group_scale, group_zero); /* one rounding (gguf_codes.py) */
         } else {
             const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
@@ -98,6 +101,8 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
             tile_pass(n, W_G4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
         else if (wt == W_G8)                                                                 \
             tile_pass(n, W_G8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+        else if (wt == W_G8H)                                                                \
+            tile_pass(n, W_G8H, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);  \
         else if (wt == W_I8)                                                                 \
             tile_pass(n, W_I8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
         else                                                                                 \
@@ -133,11 +138,12 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
         for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
     }
     const int64_t tiles = (n + KVSERVE_LINEAR_TILE - 1) / KVSERVE_LINEAR_TILE;
-    const int grouped = wt == W_I4 || wt == W_G4 || wt == W_G8; /* scales per group of 32 inputs */
+    const int grouped = wt == W_I4 || wt == W_G4 || wt == W_G8 || wt == W_G8H; /* scales per group of inputs */
     const size_t tile_bytes = wt == W_I4 || wt == W_G4 ? (size_t)(k * KVSERVE_LINEAR_TILE / 2)
                               : wt == W_F32           ? (size_t)(k * KVSERVE_LINEAR_TILE) * sizeof(float)
                                                       : (size_t)(k * KVSERVE_LINEAR_TILE);
-    const int64_t group_len = k / KVSERVE_LINEAR_I4_GROUP * KVSERVE_LINEAR_TILE; /* a tile's int4 scales */
+    const int64_t group_len = k / (wt == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP)
+                              * KVSERVE_LINEAR_TILE; /* a tile's group scales */
 #pragma omp parallel num_threads(num_threads)
     for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
         const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
@@ -230,13 +236,14 @@ void kvserve_pack_linear_i4(const int32_t *codes, int64_t n, int64_t k, uint8_t 
  * 32), `format` one of:
  * - W_I4 (2): int4 codes packed by kvserve_pack_linear_i4, value (q - 8) * scale + zero;
  * - W_G4 (3): 4-bit grid codes of float32 weights, the same packing, value q * d + m;
- * - W_G8 (4): 8-bit grid codes packed by kvserve_pack_linear_i8, value q * d (zeros NULL).
+ * - W_G8 (4): 8-bit grid codes packed by kvserve_pack_linear_i8, value q * d (zeros NULL);
+ * - W_G8H (5): the same codes, value q * d + m with d and m per group of 16 inputs.
  * The grid formats' weights are the float32 ones exactly, so their results are the float32
  * kernel's bit for bit. Activations stay float32. Returns 3 for another format or width. */
 int kvserve_linear_grouped_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed,
                                int format, const float *scales, const float *zeros, int64_t n, const float *bias,
                                float *out, int64_t out_stride, int num_threads) {
-    if (k % KVSERVE_LINEAR_I4_GROUP || (format != W_I4 && format != W_G4 && format != W_G8)
+    if (k % KVSERVE_LINEAR_I4_GROUP || (format != W_I4 && format != W_G4 && format != W_G8 && format != W_G8H)
             || (format != W_G8 && !zeros))
         return 3;
     return linear(x, x_stride, m, k, packed, format, scales, format == W_G8 ? NULL : zeros, n, bias, out,

@@ -281,12 +281,14 @@ class Int4Weight(NamedTuple):
     zeros: torch.Tensor
 
 
-# cpu_linear.c's formats of codes with scales per group of 32 inputs (its W_I4, W_G4, W_G8).
-_W_I4, _W_G4, _W_G8 = 2, 3, 4
+# cpu_linear.c's formats of codes with scales per group of 32 inputs (its W_I4, W_G4, W_G8) and of
+# 16 (W_G8H).
+_W_I4, _W_G4, _W_G8, _W_G8H = 2, 3, 4, 5
+_GRID_TILE_FORMATS = {4: _W_G4, 8: _W_G8, 16: _W_G8H}  # grid_weights.py kind -> cpu_linear.c format
 
 
 def _tile_major(values: torch.Tensor) -> torch.Tensor:
-    """Per-output, per-group values [N, K / 32] -> [ceil(N/16)][K / 32][16], zero past N: one vector
+    """Per-output, per-group values [N, G] -> [ceil(N/16)][G][16], zero past N: one vector
     of a tile's 16 outputs per group, as cpu_linear.c reads scales and zeros."""
     n, groups = values.shape
     tiles = (n + _LINEAR_TILE - 1) // _LINEAR_TILE
@@ -319,8 +321,8 @@ def _linear_grouped(x: torch.Tensor, weight: Int4Weight, fmt: int, out_features:
         return None
     rows, k = x.shape
     tiles = (out_features + _LINEAR_TILE - 1) // _LINEAR_TILE
-    groups = tiles * (k // INT4_GROUP) * _LINEAR_TILE
-    code_bytes = tiles * _LINEAR_TILE * k // (1 if fmt == _W_G8 else 2)
+    groups = tiles * (k // (16 if fmt == _W_G8H else INT4_GROUP)) * _LINEAR_TILE
+    code_bytes = tiles * _LINEAR_TILE * k // (1 if fmt in (_W_G8, _W_G8H) else 2)
     if (k % INT4_GROUP or weight.codes.numel() * weight.codes.element_size() != code_bytes
             or weight.scales.numel() != groups or weight.zeros.numel() != (0 if fmt == _W_G8 else groups)
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
@@ -370,12 +372,13 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
 def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
                        bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
-    `bits`-bit codes, plus bias; None if the kernel declines (no AVX-512: the caller's other path runs)."""
+    kind `bits` (4, 8 or 16: its Q4, Q8, Q8_HALVES), plus bias; None if the kernel declines (no
+    AVX-512: the caller's other path runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None
     rows, k = x.shape
-    block_bytes = {4: 96, 8: 144}.get(bits, 0)  # cpu_grid_linear.c's block_bytes()
+    block_bytes = {4: 96, 8: 144, 16: 192}.get(bits, 0)  # cpu_grid_linear.c's block_bytes()
     strips = (out_features + 3) // 4
     if (not block_bytes or k % 32 or packed.dtype != torch.uint8 or packed.numel() != strips * (k // 32) * block_bytes
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
@@ -399,10 +402,19 @@ def pack_grid_tiles(codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor |
     return None if packed is None else Int4Weight(packed, _tile_major(step.float()), torch.empty(0))
 
 
+def pack_grid_tiles_halves(codes: torch.Tensor, step: torch.Tensor, offset: torch.Tensor) -> Int4Weight | None:
+    """8-bit grid codes [N, K] (int8) whose value is q * step + offset, both per 16 inputs ([N, K / 16]),
+    in `linear_grid`'s tiles: the codes as `pack_linear` lays them, the constants tile-major. None
+    where the kernel does not run."""
+    packed = pack_linear(codes)
+    return None if packed is None else Int4Weight(packed, _tile_major(step.float()), _tile_major(offset.float()))
+
+
 def linear_grid(x: torch.Tensor, weight: Int4Weight, bits: int, out_features: int,
                 bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x [M, K] (float32 rows, unit column stride) times a `pack_grid_tiles` weight of `bits`-bit
-    codes, plus bias: the float32 kernel's result bit for bit. None if the kernel declines."""
-    if bits not in (4, 8):
-        raise ValueError(f"native grid linear: {bits}-bit codes are not a grid format (4 or 8)")
-    return _linear_grouped(x, weight, _W_G4 if bits == 4 else _W_G8, out_features, bias)
+    """x [M, K] (float32 rows, unit column stride) times a `pack_grid_tiles` (kind 4 or 8) or
+    `pack_grid_tiles_halves` (kind 16) weight, plus bias: the float32 kernel's result bit for bit.
+    None if the kernel declines."""
+    if bits not in _GRID_TILE_FORMATS:
+        raise ValueError(f"native grid linear: kind {bits} is not a grid format (4, 8 or 16)")
+    return _linear_grouped(x, weight, _GRID_TILE_FORMATS[bits], out_features, bias)

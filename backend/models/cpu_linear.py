@@ -34,7 +34,7 @@ import os
 import torch
 from torch import nn
 
-from kvserve.backend.models import grid_weights
+from kvserve.backend.models import gguf_codes, grid_weights
 from kvserve.kernels import cpu_native
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -43,26 +43,30 @@ GRID_STRIP_MAX_ROWS = 6  # at most this many rows take the grid strips; more, th
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 codes: gguf_codes.BlockCodes | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         # An opaque oneDNN tensor: a plain attribute, not a parameter (nothing else reads it).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         # The native kernels' copies (None without them: no compiler, no AVX-512): the grid codes
-        # where the weight is on a grid, else the float32 tiles.
+        # where the weight is on a grid (the GGUF file's own codes where the loader read them),
+        # else the float32 tiles.
         runs = cpu_native.linear_available()
-        self.grid = (grid_weights.find_grid(weight) if runs and os.environ.get("KVSERVE_CPU_GRID", "1") != "0"
-                     else None)
+        self.grid = None
+        if runs and os.environ.get("KVSERVE_CPU_GRID", "1") != "0":
+            self.grid = grid_weights.from_codes(codes, weight) if codes is not None else None
+            self.grid = self.grid or grid_weights.find_grid(weight)
         self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] if x.dim() == 2 else NATIVE_MAX_ROWS + 1
         out = None
         if self.grid is not None and rows <= GRID_STRIP_MAX_ROWS:
-            out = cpu_native.grid_linear_strips(x, self.grid.strips, self.grid.bits, self.out_features, self.bias)
+            out = cpu_native.grid_linear_strips(x, self.grid.strips, self.grid.kind, self.out_features, self.bias)
         elif self.grid is not None and self.grid.tiles is not None and rows <= NATIVE_MAX_ROWS:
-            out = cpu_native.linear_grid(x, self.grid.tiles, self.grid.bits, self.out_features, self.bias)
+            out = cpu_native.linear_grid(x, self.grid.tiles, self.grid.kind, self.out_features, self.bias)
         elif self.native is not None and rows <= NATIVE_MAX_ROWS:
             out = cpu_native.linear(x, self.native, self.out_features, self.bias)
         if out is not None:
@@ -75,15 +79,19 @@ def wants_cpu_linear(device: torch.device, dtype: torch.dtype, quantization: str
             and torch.backends.mkldnn.is_available() and os.environ.get("KVSERVE_CPU_PACKED_LINEAR", "1") != "0")
 
 
-def pack_linears(model: nn.Module) -> nn.Module:
-    """Replace the decoder's linear layers and its logits projection with `PackedLinear`; returns the model."""
+def pack_linears(model: nn.Module, block_codes: dict[str, gguf_codes.BlockCodes] | None = None) -> nn.Module:
+    """Replace the decoder's linear layers and its logits projection with `PackedLinear`; returns the
+    model. `block_codes`: the GGUF codes the loader read, by parameter name (consumed)."""
+    codes = block_codes if block_codes is not None else {}
     with torch.no_grad():
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             for name in _LINEARS:
                 linear = getattr(layer, name)
-                setattr(layer, name, PackedLinear(linear.weight, linear.bias))
-        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head
-        model.logits_proj = PackedLinear(weight, None)
+                setattr(layer, name, PackedLinear(linear.weight, linear.bias, codes.pop(f"layers.{i}.{name}.weight", None)))
+        tied = model.lm_head is None
+        weight = model.embed_tokens.weight if tied else model.lm_head
+        model.logits_proj = PackedLinear(weight, None, codes.pop("embed_tokens.weight" if tied else "lm_head", None))
+        codes.clear()
         if model.lm_head is not None:  # untied: the plain copy is never read again
             model.lm_head = None
     return model

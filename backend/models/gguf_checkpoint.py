@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from kvserve.backend.models.gguf_codes import BlockCodes, block_codes
+
 # GGUF architecture -> (HF architecture name, whether q/k rows were permuted by the converter)
 GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", True),
@@ -202,8 +204,11 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hugging Face name, float32 array) for every tensor the model uses."""
+def hf_tensors(reader, config: dict[str, Any], with_codes: bool = False,
+               ) -> Iterator[tuple[str, np.ndarray, BlockCodes | None]]:
+    """(Hugging Face name, float32 array, its block codes) for every tensor the model uses; the codes
+    (gguf_codes.py) only `with_codes`, for a block type that has them, else None."""
+    from gguf import GGMLQuantizationType
     arch = field_value(reader, "general.architecture")
     permuted = GGUF_ARCHITECTURES[arch][1]
     for tensor in reader.tensors:
@@ -211,10 +216,13 @@ def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray
         if name is None:
             continue
         array = dequantize(tensor)
+        codes = (block_codes(GGMLQuantizationType(tensor.tensor_type).name, tensor.data, array)
+                 if with_codes and name.endswith(("proj.weight", "embed_tokens.weight", "lm_head.weight")) else None)
         if arch == "gemma3" and name.endswith("norm.weight"):
             array = array - np.float32(1.0)
-        if permuted and ".self_attn.q_proj." in name:
-            array = _unpermute(array, config["num_attention_heads"])
-        elif permuted and ".self_attn.k_proj." in name:
-            array = _unpermute(array, config["num_key_value_heads"])
-        yield name, array
+        heads = (config["num_attention_heads"] if ".self_attn.q_proj." in name
+                 else config["num_key_value_heads"] if ".self_attn.k_proj." in name else None)
+        if permuted and heads is not None:
+            array = _unpermute(array, heads)
+            codes = codes and codes.rows(lambda rows: _unpermute(rows, heads))
+        yield name, array, codes

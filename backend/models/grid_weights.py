@@ -13,6 +13,12 @@ bit from its codes, computed as numpy does it (d * q, then + m), and returns Non
 otherwise (random or trained float32 weights, the other GGUF types). It tries float16
 steps near (max - min) / 15, and max|w| / 127, / 8 and / 16, per block; a first sample of rows rejects a weight
 that is not on a grid before the whole is checked.
+
+The K-quants' grids cannot be found from the values (gguf_codes.py says why): for a GGUF file
+the loader reads their codes from the blocks, and `from_codes` lays those out, checked against
+the weight bit for bit the same way. Q5_1, Q5_K and Q6_K (5- and 6-bit codes, Q6_K's step per
+16 inputs) and fused weights of mixed types take a third layout, Q8_HALVES: 8-bit codes with a
+step and an offset per 16 inputs.
 """
 from __future__ import annotations
 
@@ -20,18 +26,21 @@ from typing import NamedTuple
 
 import torch
 
+from kvserve.backend.models import gguf_codes
 from kvserve.kernels import cpu_native
 
+Q4, Q8, Q8_HALVES = gguf_codes.Q4, gguf_codes.Q8, gguf_codes.Q8_HALVES  # cpu_grid_linear.c's GRID_*
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64
+_CHECK_ROWS = 4096  # a multiple of STRIP
 
 
 class GridWeight(NamedTuple):
-    """A weight as the grid kernels read it: `bits`-bit codes and block constants, twice laid out."""
+    """A weight as the grid kernels read it: codes and block constants, twice laid out."""
     strips: torch.Tensor  # for cpu_grid_linear.c (few rows): uint8 [ceil(N/4)][K/32][block bytes]
     tiles: cpu_native.Int4Weight | None  # for cpu_linear.c's grid formats (more rows); None without it
-    bits: int  # 4 (d * q + m) or 8 (d * q)
+    kind: int  # Q4 (4-bit d * q + m), Q8 (8-bit d * q), Q8_HALVES (8-bit d * q + m, d and m per 16 inputs)
     out_features: int
     in_features: int
 
@@ -137,25 +146,81 @@ def find_grid(weight: torch.Tensor) -> GridWeight | None:
     if encoded is None:
         return None
     found, q, d, m = encoded
-    if found == 4:
-        strips = _strips(q[..., :16] | (q[..., 16:] << 4), [d, m])
+    return _laid_out(found, q.reshape(n, k), d, m)
+
+
+def _laid_out(kind: int, codes: torch.Tensor, step: torch.Tensor, offset: torch.Tensor | None) -> GridWeight:
+    """codes [N, K] (uint8 0..15 for Q4, int8 otherwise) with their constants ([N, K / 32] each for
+    Q4 and Q8, [N, K / 16] for Q8_HALVES) in both kernels' layouts."""
+    n, k = codes.shape
+    blocks = codes.view(n, k // GROUP, GROUP)
+    if kind == Q4:
+        strips = _strips(blocks[..., :16] | (blocks[..., 16:] << 4), [step, offset])
+    elif kind == Q8:
+        strips = _strips(blocks, [step])
+    else:  # per strip block: each output's step for its first 16 inputs, for its last 16, then the offsets
+        strips = _strips(blocks, [step[:, 0::2], step[:, 1::2], offset[:, 0::2], offset[:, 1::2]])
+    tiles = (cpu_native.pack_grid_tiles_halves(codes, step, offset) if kind == Q8_HALVES
+             else cpu_native.pack_grid_tiles(codes, step, offset))
+    return GridWeight(strips, tiles, kind, n, k)
+
+
+@torch.no_grad()
+def from_codes(codes: gguf_codes.BlockCodes, weight: torch.Tensor) -> GridWeight | None:
+    """The grid form of a float32 CPU weight [N, K] from the codes its GGUF blocks hold
+    (gguf_codes.py), or None if they are not this weight's bit for bit."""
+    n, k = weight.shape
+    if codes.codes.shape != (n, k) or k % GROUP or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    q = torch.from_numpy(codes.codes)
+    step, offset = torch.from_numpy(codes.step), torch.from_numpy(codes.offset)
+    kind = codes.kind
+    if kind == Q4 and not (bool(((q >= 0) & (q <= 15)).all()) and torch.equal(step[:, 0::2], step[:, 1::2])
+                           and torch.equal(offset[:, 0::2], offset[:, 1::2])):
+        kind = Q8_HALVES
+    if kind == Q4:
+        grid = _laid_out(Q4, q.view(torch.uint8), step[:, 0::2].contiguous(), offset[:, 0::2].contiguous())
+    elif kind == Q8 and torch.equal(step[:, 0::2], step[:, 1::2]):
+        grid = _laid_out(Q8, q, step[:, 0::2].contiguous(), None)
     else:
-        strips = _strips(q, [d])
-    tiles = cpu_native.pack_grid_tiles(q.reshape(n, k), d, m)
-    return GridWeight(strips, tiles, found, n, k)
+        grid = _laid_out(Q8_HALVES, q, step, offset)
+    # The codes came from a file: the kernels must compute with exactly the loaded weight. Checked
+    # a slice of rows at a time (a float64 copy of a large embedding whole would be gigabytes).
+    strip_bytes = grid.strips.numel() // ((n + STRIP - 1) // STRIP)
+    for start in range(0, n, _CHECK_ROWS):
+        rows = min(_CHECK_ROWS, n - start)
+        part = grid._replace(strips=grid.strips[start // STRIP * strip_bytes:][:(rows + STRIP - 1) // STRIP * strip_bytes],
+                             tiles=None, out_features=rows)
+        if not torch.equal(dequantize(part).view(torch.int32), weight[start:start + rows].view(torch.int32)):
+            return None
+    return grid
+
+
+def _strip_constants(grid: GridWeight) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(codes [N', K/32, 32 or 16 bytes], constants [N', K/32] each) back out of the strips."""
+    groups = grid.in_features // GROUP
+    code_bytes = 16 if grid.kind == Q4 else 32
+    count = {Q4: 2, Q8: 1, Q8_HALVES: 4}[grid.kind]
+    strips = grid.strips.view(-1, groups, STRIP * (code_bytes + 4 * count))
+    codes = strips[..., :STRIP * code_bytes].reshape(-1, groups, STRIP, code_bytes).transpose(1, 2)
+    consts = strips[..., STRIP * code_bytes:].contiguous().view(torch.float32).reshape(-1, groups, count, STRIP)
+    return codes, [consts[:, :, i].transpose(1, 2).reshape(-1, groups) for i in range(count)]
 
 
 def dequantize(grid: GridWeight) -> torch.Tensor:
-    """The float32 weight [N, K] back from its strips, computed as numpy's dequantization does (tests)."""
+    """The float32 weight [N, K] back from its strips, computed as the kernels do (tests, and
+    from_codes' check)."""
+    codes, consts = _strip_constants(grid)
     groups = grid.in_features // GROUP
-    code_bytes = 16 if grid.bits == 4 else 32
-    strips = grid.strips.view(-1, groups, STRIP * code_bytes + STRIP * 4 * (2 if grid.bits == 4 else 1))
-    codes = strips[..., :STRIP * code_bytes].reshape(-1, groups, STRIP, code_bytes).transpose(1, 2)
-    consts = strips[..., STRIP * code_bytes:].contiguous().view(torch.float32).reshape(-1, groups, 2 if grid.bits == 4 else 1, STRIP)
-    d = consts[:, :, 0].transpose(1, 2).reshape(-1, groups, 1)
-    if grid.bits == 4:
-        q = torch.cat([codes & 0x0F, codes >> 4], dim=-1).reshape(-1, groups, GROUP).float()
-        w = d * q + consts[:, :, 1].transpose(1, 2).reshape(-1, groups, 1)
+    if grid.kind == Q4:
+        # The kernels' FMA rounds d * q + m once; float64 holds it exactly enough for that one rounding.
+        q = torch.cat([codes & 0x0F, codes >> 4], dim=-1).reshape(-1, groups, GROUP).double()
+        w = (consts[0].double()[..., None] * q + consts[1].double()[..., None]).float()
+    elif grid.kind == Q8:
+        w = codes.contiguous().view(torch.int8).reshape(-1, groups, GROUP).float() * consts[0][..., None]
     else:
-        w = codes.contiguous().view(torch.int8).reshape(-1, groups, GROUP).float() * d
+        q = codes.contiguous().view(torch.int8).reshape(-1, groups, 2, GROUP // 2).double()
+        d = torch.stack(consts[:2], dim=-1).double()[..., None]
+        m = torch.stack(consts[2:], dim=-1).double()[..., None]
+        w = (q * d + m).float()
     return w.reshape(-1, grid.in_features)[:grid.out_features]

@@ -16,6 +16,7 @@ from safetensors import safe_open
 from kvserve.backend.models import gguf_checkpoint
 from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
+from kvserve.backend.models.gguf_codes import BlockCodes, fuse
 from kvserve.backend.models.llama import LlamaForCausalLM
 
 _FUSED = {
@@ -98,9 +99,9 @@ def _safetensors_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def _gguf_tensors(reader, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, array in gguf_checkpoint.hf_tensors(reader, config):
-        yield name, torch.from_numpy(array)
+def _gguf_tensors(reader, config: dict, with_codes: bool) -> Iterator[tuple[str, torch.Tensor, BlockCodes | None]]:
+    for name, array, codes in gguf_checkpoint.hf_tensors(reader, config, with_codes):
+        yield name, torch.from_numpy(array), codes
 
 
 def load_arch_config(model: str | Path) -> ArchConfig:
@@ -110,27 +111,33 @@ def load_arch_config(model: str | Path) -> ArchConfig:
     return ArchConfig.from_dict(gguf_checkpoint.hf_config(gguf_checkpoint.open_gguf(gguf)))
 
 
-def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
-               max_position: int) -> tuple[LlamaForCausalLM, ArchConfig]:
+def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device, max_position: int,
+               block_codes: dict[str, BlockCodes] | None = None) -> tuple[LlamaForCausalLM, ArchConfig]:
+    """The model and its config. `block_codes`, when given, is filled with the GGUF blocks' codes of
+    the weights that have them (gguf_codes.py), by parameter name, for cpu_linear.pack_linears."""
     gguf = gguf_checkpoint.gguf_file(model_path)
     if gguf is None:
         cfg = ArchConfig.from_model_dir(model_path)
-        tensors = _safetensors_tensors(Path(model_path))
+        tensors = ((name, tensor, None) for name, tensor in _safetensors_tensors(Path(model_path)))
     else:
         reader = gguf_checkpoint.open_gguf(gguf)
         config = gguf_checkpoint.hf_config(reader)
         cfg = ArchConfig.from_dict(config)
-        tensors = _gguf_tensors(reader, config)
+        tensors = _gguf_tensors(reader, config, with_codes=block_codes is not None)
     with torch.device("meta"):
         model = (Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM)(cfg, max_position)
     model = model.to_empty(device=device)
     loaded: set[tuple[int, int | None]] = set()
+    names = {id(p): n for n, p in model.named_parameters()}
+    code_parts: dict[str, dict[int, BlockCodes]] = {}
     with torch.no_grad():
-        for name, tensor in tensors:
+        for name, tensor, codes in tensors:
             target = _target(model, name)
             if target is None:
                 continue
             param, rows = target
+            if codes is not None:
+                code_parts.setdefault(names[id(param)], {})[0 if rows is None else rows.start] = codes
             dest = param if rows is None else param[rows]
             if dest.shape != tensor.shape:
                 raise ValueError(f"model: tensor {name} has shape {tuple(tensor.shape)}, "
@@ -140,6 +147,12 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
     missing = [n for n, p in model.named_parameters() if not _fully_loaded(model, n, p, loaded)]
     if missing:
         raise ValueError(f"model: checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    if block_codes is not None:
+        # A fused weight has codes only if every part has (a part of another type keeps its floats).
+        params = dict(model.named_parameters())
+        for name, parts in code_parts.items():
+            if sum(p.codes.shape[0] for p in parts.values()) == params[name].shape[0]:
+                block_codes[name] = fuse([parts[start] for start in sorted(parts)])
     if hasattr(model, "finalize_weights"):
         model.finalize_weights()
     model = model.to(dtype)

@@ -95,10 +95,12 @@ class ModelRunner:
         if self.max_model_len > arch.max_position_embeddings:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings ({arch.max_position_embeddings})")
-        self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len)
+        packs = wants_cpu_linear(self.device, self.dtype, config.quantization)
+        block_codes = {} if packs else None  # a GGUF file's codes, for the CPU's grid kernels
+        self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len, block_codes)
         quantize_model(self.model, config.quantization, self.device)
-        if wants_cpu_linear(self.device, self.dtype, config.quantization):
-            pack_linears(self.model)
+        if packs:
+            pack_linears(self.model, block_codes)
         self.ops = select_ops(config.attention_backend, self.device)
         self.block_size = config.block_size
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)

@@ -106,9 +106,9 @@ def main() -> None:
                 if kind == "baseline":
                     base(x)
                 elif kind == "tiles":
-                    cpu_native.linear_grid(x, codes.tiles, codes.bits, out, None)
+                    cpu_native.linear_grid(x, codes.tiles, codes.kind, out, None)
                 elif scales == "grid":
-                    cpu_native.grid_linear_strips(x, codes.strips, codes.bits, out, None)
+                    cpu_native.grid_linear_strips(x, codes.strips, codes.kind, out, None)
                 elif isinstance(scales, str):
                     cpu_native.linear_i4(x, codes, out, None)
                 else:

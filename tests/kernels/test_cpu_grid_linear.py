@@ -37,7 +37,7 @@ def test_a_gguf_weight_is_found_on_its_grid_and_given_back_bit_for_bit(kind, bit
     rng = np.random.default_rng(out_features)
     weight = _gguf_roundtrip((rng.standard_normal((out_features, 96)) * 0.05).astype(np.float32), kind)
     grid = grid_weights.find_grid(weight)
-    assert grid is not None and grid.bits == bits
+    assert grid is not None and grid.kind == bits
     assert _same_bits(grid_weights.dequantize(grid), weight)
     # The Q4 codes plus constants are 6 bits a value, the Q8 ones 9: against float32's 32.
     assert grid.strips.numel() <= weight.numel() * (0.75 if bits == 4 else 1.125) + 4 * 96 * 2
@@ -71,13 +71,13 @@ def test_grid_kernel_is_the_product_with_the_exact_weights(kind, rows):
     wide = torch.randn(rows, 70, generator=gen)
     x = wide[:, 3:67]  # rows 70 floats apart: the kernel honours the row stride
     for b in (None, bias):
-        got = cpu_native.grid_linear_strips(x, grid.strips, grid.bits, 37, b)
+        got = cpu_native.grid_linear_strips(x, grid.strips, grid.kind, 37, b)
         want = (x.double() @ weight.double().T + (0 if b is None else b.double())).float()
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # One-hot rows read single weights out: the values the kernel multiplies are the float32 ones
     # (compared as values: a sum that starts at +0 returns a -0.0 weight as +0.0).
     eye = torch.eye(64)[:rows * 7:7]
-    got = cpu_native.grid_linear_strips(eye, grid.strips, grid.bits, 37, None)
+    got = cpu_native.grid_linear_strips(eye, grid.strips, grid.kind, 37, None)
     assert torch.equal(got, weight[:, :rows * 7:7].T)
 
 
@@ -101,11 +101,11 @@ def test_grid_tiles_give_the_float32_kernels_results_bit_for_bit(kind, rows):
     bias, x = torch.randn(37, generator=gen), torch.randn(rows, 96, generator=gen)
     dense = cpu_native.pack_linear(weight)
     for b in (None, bias):
-        got = cpu_native.linear_grid(x, grid.tiles, grid.bits, 37, b)
+        got = cpu_native.linear_grid(x, grid.tiles, grid.kind, 37, b)
         assert _same_bits(got, cpu_native.linear(x, dense, 37, b))  # same weights, same summation order
         torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
-        cpu_native.linear_grid(torch.zeros(2, 64), grid.tiles, grid.bits, 37, None)  # another width
+        cpu_native.linear_grid(torch.zeros(2, 64), grid.tiles, grid.kind, 37, None)  # another width
 
 
 def test_packed_linear_reads_the_grid_codes_up_to_64_rows(monkeypatch):

@@ -119,5 +119,5 @@ def test_one_at_a_time_on_the_grid_codes(real_model_path, prompts, reference) ->
     model = llm.engine.runner.model
     from kvserve.kernels import cpu_native
     if cpu_native.linear_available():
-        assert model.layers[0].gate_up_proj.grid.bits == 4 and model.logits_proj.grid.bits == 8
+        assert model.layers[0].gate_up_proj.grid.kind == 4 and model.logits_proj.grid.kind == 8
     assert ours == reference[:4]

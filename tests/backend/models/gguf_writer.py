@@ -41,7 +41,8 @@ def _byte_tokens() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def _quantized(array: np.ndarray, kind: str, rng: np.random.Generator) -> tuple[np.ndarray, object]:
+def quantized_blocks(array: np.ndarray, kind: str, rng: np.random.Generator) -> tuple[np.ndarray, object]:
+    """`array` [N, K] as GGUF blocks of `kind` (uint8 [N, bytes per row]) and the gguf type (None for F32)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import quantize
     qtype = GGMLQuantizationType[kind]
@@ -92,7 +93,7 @@ def write_random_gguf(path: Path, kind: str, spec: GGUFSpec = GGUFSpec(), seed: 
                    f"blk.{i}.ffn_down.weight": (spec.hidden, spec.ffn)}
     for name, shape in shapes.items():
         weights = (rng.standard_normal(shape) * 0.08).astype(np.float32)
-        data, qtype = _quantized(weights, kind, rng)
+        data, qtype = quantized_blocks(weights, kind, rng)
         if qtype is None:
             writer.add_tensor(name, data)
         else:
