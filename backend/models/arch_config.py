@@ -92,8 +92,11 @@ class ArchConfig:
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM" or gemma3) \
             else None
         layers = cfg["num_hidden_layers"]
+        # Qwen2 slides only from layer max_window_layers on (transformers' Qwen2Config builds its layer_types so).
+        first_sliding = cfg.get("max_window_layers", 0) if arch == "Qwen2ForCausalLM" else 0
         layer_types = list(cfg.get("layer_types") or (gemma3_layer_types(layers) if gemma3 else
-                                                    [SLIDING if window else FULL] * layers))
+                                                    [SLIDING if window and i >= first_sliding else FULL
+                                                     for i in range(layers)]))
         if len(layer_types) != layers or set(layer_types) - {FULL, SLIDING}:
             raise ValueError(f"model: layer_types must name {FULL!r} or {SLIDING!r} for each of the {layers} layers")
         if not window:
