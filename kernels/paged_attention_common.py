@@ -42,11 +42,15 @@ def check_paged_attention_args(query: torch.Tensor, key_cache: torch.Tensor, val
 
 
 @jit
-def attend_tile(acc, m_i, l_i, q, q_pos, tok0, bound, table_row, k_cache_ptr, v_cache_ptr, kvh,
+def attend_tile(acc, m_i, l_i, q, q_pos, tok0, bound, window, table_row, k_cache_ptr, v_cache_ptr, kvh,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2,
                 HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDED: tl.constexpr, PRECISION: tl.constexpr):
-    """Online-softmax update of one (query tile, key tile) pair; returns (acc, m_i, l_i)."""
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BOUNDED: tl.constexpr, WINDOWED: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """Online-softmax update of one (query tile, key tile) pair; returns (acc, m_i, l_i). WINDOWED:
+    row r sees only positions > q_pos[r] - window (and < bound, and, if CAUSAL, <= q_pos[r]); keys
+    a row cannot see are loaded for the other rows, so the caller starts at positions some row
+    sees, which lie in live blocks."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     toks = tok0 + offs_n
@@ -58,7 +62,12 @@ def attend_tile(acc, m_i, l_i, q, q_pos, tok0, bound, table_row, k_cache_ptr, v_
     k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
     k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    if CAUSAL:
+    if WINDOWED:
+        visible = (toks[None, :] > q_pos[:, None] - window) & n_mask[None, :]
+        if CAUSAL:
+            visible &= toks[None, :] <= q_pos[:, None]
+        s = tl.where(visible, s, float("-inf"))
+    elif CAUSAL:
         s = tl.where((toks[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
     elif BOUNDED:
         s = tl.where(n_mask[None, :], s, float("-inf"))

@@ -89,10 +89,10 @@ def _decode_split_kernel(
 
     for tok0 in range(start, end, BLOCK_N):
         # Bounded at `end`: the request's last tile may run past its length.
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, offs_g, tok0, end, table_row, k_cache_ptr,
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, offs_g, tok0, end, 0, table_row, k_cache_ptr,
                                     v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
                                     stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                    BLOCK_N, False, True, PRECISION)
+                                    BLOCK_N, False, True, False, PRECISION)
 
     # An empty split (past the end of a short request) leaves l_i = 0: write
     # zeros and lse = -inf so the merge gives it no weight.

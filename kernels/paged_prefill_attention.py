@@ -39,40 +39,6 @@ _BLOCK_N = 64
 
 
 @jit
-def _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, bound, window, table_row, k_cache_ptr, v_cache_ptr, kvh,
-                        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, scale_log2,
-                        HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    """`attend_tile` with the window's mask: row r sees positions > q_pos[r] - window (and < bound,
-    and, if CAUSAL, <= q_pos[r]). Keys a row cannot see are loaded for the other rows: the caller
-    starts at positions some row sees, which lie in live blocks."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    toks = tok0 + offs_n
-    n_mask = toks < bound
-    nd_mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
-    page = tl.load(table_row + toks // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    row = toks % BLOCK_SIZE
-
-    k_off = page * stride_kb + row * stride_kt + kvh * stride_kh
-    k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    visible = (toks[None, :] > q_pos[:, None] - window) & n_mask[None, :]
-    if CAUSAL:
-        visible &= toks[None, :] <= q_pos[:, None]
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-
-    v_off = page * stride_vb + row * stride_vt + kvh * stride_vh
-    v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=nd_mask, other=0.0).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2, window,
@@ -128,26 +94,26 @@ def _prefill_kernel(
     full_end = lo + (ctx + m0 - lo) // BLOCK_N * BLOCK_N
     if SLIDING:
         for tok0 in range(lo, tl.minimum(unmasked, full_end), BLOCK_N):
-            acc, m_i, l_i = _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row,
-                                                k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh,
-                                                stride_vb, stride_vt, stride_vh, scale_log2, HEAD_SIZE,
-                                                BLOCK_SIZE, BLOCK_D, BLOCK_N, False, PRECISION)
-    for tok0 in range(unmasked, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
-                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
-                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                    BLOCK_N, False, False, PRECISION)
-    for tok0 in range(full_end, hi, BLOCK_N):
-        if SLIDING:
-            acc, m_i, l_i = _attend_window_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row,
-                                                k_cache_ptr, v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh,
-                                                stride_vb, stride_vt, stride_vh, scale_log2, HEAD_SIZE,
-                                                BLOCK_SIZE, BLOCK_D, BLOCK_N, True, PRECISION)
-        else:
-            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, table_row, k_cache_ptr,
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row, k_cache_ptr,
                                         v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
                                         stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
-                                        BLOCK_N, True, True, PRECISION)
+                                        BLOCK_N, False, True, True, PRECISION)
+    for tok0 in range(unmasked, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, 0, table_row, k_cache_ptr,
+                                    v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                    stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                    BLOCK_N, False, False, False, PRECISION)
+    for tok0 in range(full_end, hi, BLOCK_N):
+        if SLIDING:
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, window, table_row, k_cache_ptr,
+                                        v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                        stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                        BLOCK_N, True, True, True, PRECISION)
+        else:
+            acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, tok0, seq_len, 0, table_row, k_cache_ptr,
+                                        v_cache_ptr, kvh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                        stride_vt, stride_vh, scale_log2, HEAD_SIZE, BLOCK_SIZE, BLOCK_D,
+                                        BLOCK_N, True, True, False, PRECISION)
 
     o = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
