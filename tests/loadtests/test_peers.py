@@ -154,6 +154,9 @@ def test_llama_build_targets_only_the_server_statically():
     configure, build = peer_install.llama_cmake_commands(Path("/src"), Path("/b"), jobs=2)
     assert "-DBUILD_SHARED_LIBS=OFF" in configure and "-DCMAKE_BUILD_TYPE=Release" in configure
     assert build[-4:] == ["--target", "llama-server", "-j", "2"]
+    # Named instruction sets, never the ones some of these VMs list and fault on.
+    assert "-DGGML_NATIVE=OFF" in configure and "-DGGML_AVX512=ON" in configure
+    assert "-DGGML_AVX512_BF16=OFF" in configure and "-DGGML_AMX_INT8=OFF" in configure
 
 
 # -- results and the table -------------------------------------------------

@@ -176,6 +176,9 @@ def vllm_bench_command(s: Settings, w: Workload, base_url: str, inst: VllmInstal
             "--endpoint", "/v1/completions", "--model", s.served_name, "--tokenizer", str(s.hf_model),
             *data, "--num-prompts", str(w.num_prompts), "--max-concurrency", str(w.concurrency),
             "--num-warmups", str(w.num_warmups), "--ignore-eos", "--seed", str(s.seed),
+            # Greedy, as kvserve bench sends: vllm bench 0.32 no longer sets temperature 0 itself,
+            # and each server's default sampling would then differ.
+            "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
             "--disable-tqdm"]
