@@ -29,6 +29,7 @@ _EXPORTS = {
     "load_secret": ".cache_salt",
     "read_json_body": ".request_body",
     "request_id": ".middleware",
+    "request_key_id": ".middleware",
     "request_span": ".middleware",
     "request_tenant": ".middleware",
     "start_app": ".app",

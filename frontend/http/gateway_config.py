@@ -46,6 +46,9 @@ class GatewayConfig:
     cors: CorsPolicy = field(default_factory=CorsPolicy)  # off unless origins are given
     hosts: HostPolicy = field(default_factory=HostPolicy)  # Host header names answered (DNS rebinding)
     tools: ToolSettings = field(default_factory=ToolSettings)  # --enable-auto-tool-choice, --tool-call-parser
+    # Stored /v1/responses answers (previous_response_id): at most this many; 0 keeps none
+    # (--disable-response-store). The byte bound is the store's own (responses_api/response_store.py).
+    response_store_entries: int = 1024
     embedding_model_names: list[str] = field(default_factory=list)  # served by Gateway.embedder
     embedding_model_root: str | None = None
     embedding_max_model_len: int | None = None

@@ -6,9 +6,12 @@
                 404/405/413 included; no traceback reaches the client;
 3. `trusted_host` - a Host header naming another server is a 421 (DNS rebinding,
                 see host_policy.py);
-4. `auth`     - Bearer API key on every route but /health, /metrics and
-                /version (unknown routes included, so a client without a key
+4. `auth`     - API key (`Authorization: Bearer KEY`, or `x-api-key: KEY` as
+                Anthropic's clients send it) on every route but /health, /metrics
+                and /version (unknown routes included, so a client without a key
                 cannot probe which routes exist); it resolves the key's tenant.
+
+Errors leave in the shape of the route's API (`error_response`: Anthropic's on /v1/messages).
 """
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ from aiohttp import web
 from opentelemetry import trace
 
 from kvserve.frontend.backend_client import UNMATCHED_ROUTE, ServerSpan, start_server_span
-from kvserve.frontend.http.api_keys import match_key
+from kvserve.frontend.http.api_keys import key_digest, match_key
 from kvserve.frontend.http.gateway import GATEWAY
-from kvserve.frontend.openai import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS, ApiError, internal_error
+from kvserve.frontend.openai import PUBLIC_PATHS as OPENAPI_PUBLIC_PATHS, ApiError, error_response, internal_error
 from kvserve.observability.logging import request_context
 
 log = logging.getLogger("kvserve.frontend.http")
@@ -38,6 +41,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SPAN: contextvars.ContextVar[ServerSpan | None] = contextvars.ContextVar("kvserve_span", default=None)
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("kvserve_request_id", default="")
 _TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_tenant", default=None)
+_KEY_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_key_id", default=None)
 # What probes and scrapers reach without a key; everything else needs one when keys are set.
 PUBLIC_PATHS = frozenset(OPENAPI_PUBLIC_PATHS)
 _CLIENT_GONE = 499  # nginx's convention for "client closed the request"
@@ -60,6 +64,12 @@ def request_span() -> ServerSpan | None:
 def request_tenant() -> str | None:
     """The authenticated client's tenant; None when the server has no API keys."""
     return _TENANT.get()
+
+
+def request_key_id() -> str | None:
+    """The presented API key's digest (hex), which owns what a client stores (stored responses):
+    several keys may share a tenant, and none may read another's. None without API keys."""
+    return _KEY_ID.get()
 
 
 @web.middleware
@@ -99,9 +109,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return exc.to_response()
+        return error_response(request.path, exc)
     except web.HTTPException as exc:
-        return _from_http_exception(request, exc).to_response()
+        return error_response(request.path, _from_http_exception(request, exc))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:
@@ -109,7 +119,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         # values quoted by an exception) in the logs; debug logging has it.
         log.error("unhandled error on %s %s: %s", request.method, route_template(request), type(exc).__name__)
         log.debug("unhandled error", exc_info=True)
-        return internal_error().to_response()
+        return error_response(request.path, internal_error())
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
@@ -146,9 +156,12 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if digests and request.path not in PUBLIC_PATHS:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        tenant = match_key(token.strip(), digests) if scheme.lower() == "bearer" else None
+        if scheme.lower() != "bearer":
+            token = request.headers.get("x-api-key", "")
+        tenant = match_key(token.strip(), digests) if token.strip() else None
         if tenant is None:
             raise ApiError(401, "invalid or missing API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         _TENANT.set(tenant)
+        _KEY_ID.set(key_digest(token.strip()).hex())
     return await handler(request)
 

@@ -1,7 +1,8 @@
 """Server-sent events onto an aiohttp StreamResponse, framed by sse_starlette.
 
-OpenAI's stream is `data: <json>\\n\\n` per chunk and a final `data: [DONE]`;
-no event names, ids or retry fields.
+OpenAI's chat and completion streams are `data: <json>\\n\\n` per chunk and a final
+`data: [DONE]`, with no event names. The Responses and Messages APIs name each event
+(`event: <type>\\ndata: <json>\\n\\n`) and end without a sentinel: `send_event` and `end`.
 """
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ class SseWriter:
 
     async def send(self, payload: dict[str, Any]) -> None:
         await self._write(encode_json(payload))
+
+    async def send_event(self, event: str, payload: dict[str, Any]) -> None:
+        # The event names are the server's own constants (no CR or LF), so one line each.
+        await self._write(b"event: " + event.encode("ascii") + b"\n" + encode_json(payload))
+
+    async def end(self) -> None:
+        """End a stream of named events (no [DONE] sentinel)."""
+        await self._response.write_eof()
 
     async def done(self) -> None:
         await self._write(encode_event(DONE))

@@ -1,6 +1,8 @@
-"""The OpenAI routes (completions, chat, embeddings, models, tokenize) and their helpers: request
-parsing, the chat template, tools and tool parsers, structured requests, logprobs, response
-bodies, the OpenAI error objects, the OpenAPI description, and the table of routes the app mounts."""
+"""The OpenAI routes (completions, chat, responses, embeddings, models, tokenize) and their helpers:
+request parsing, the chat template, tools and tool parsers, structured requests, logprobs, response
+bodies, the OpenAI error objects, the OpenAPI description, and the table of routes the app mounts.
+Nested: responses_api/ (the Responses API) and anthropic/ (Anthropic's Messages API), both on the
+chat completions path."""
 from __future__ import annotations
 
 from kvserve.frontend import exports_loader
@@ -15,6 +17,7 @@ _EXPORTS = {
     "add_routes": ".routes",
     "backend_unavailable": ".api_errors",
     "bad_request": ".api_errors",
+    "error_response": ".anthropic.anthropic_errors",
     "internal_error": ".api_errors",
     "model_not_found": ".api_errors",
     "resolve_template_arg": ".chat_template",

@@ -61,10 +61,11 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def to_response(self) -> web.Response:
+    def to_response(self, body: dict[str, Any] | None = None) -> web.Response:
+        """`body`: the same error in another API's shape (Anthropic's, on /v1/messages)."""
         response = web.Response(
             status=self.status,
-            text=json.dumps(self.body()),
+            text=json.dumps(self.body() if body is None else body),
             content_type="application/json",
             headers=self.headers,
         )

@@ -1,15 +1,20 @@
-"""Drive the backend requests of one OpenAI call and shape what comes back:
-a whole JSON response, or an SSE stream of chunks ending in `[DONE]`.
+"""Drive the backend requests of one call and shape what comes back: a whole JSON response, or an
+SSE stream.
 
-Shared by /v1/completions and /v1/chat/completions; the `chat` flag picks the
-wire format. Choices are numbered `prompt_index * n + i`, as OpenAI does.
+Every generating route rides this one path: /v1/completions and /v1/chat/completions, and the
+Responses (responses_api/) and Messages (anthropic/) routes, which turn their requests into a chat
+request first. The driver reads the backend (fan-out, prefetch so early errors are real HTTP
+errors, the write-stall and unread-output caps, cancellation when the client leaves), folds each
+delta into its choice and runs the tool-call parser; a `StreamShaper` only writes the route's own
+wire format, and `collect` hands the whole choices to the route's body builder. Choices are
+numbered `prompt_index * n + i`, as OpenAI does.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from aiohttp import web
 
@@ -35,7 +40,7 @@ log = logging.getLogger("kvserve.frontend.openai.generation")
 
 @dataclass(slots=True)
 class Call:
-    """One OpenAI call, already validated."""
+    """One generating call, already validated."""
 
     rid: str
     created: int
@@ -47,14 +52,38 @@ class Call:
     echo_texts: list[str] | None = None  # completions `echo`: prompt text per prompt
     constraint_param: str | None = None  # where a structured-output constraint came from
     tools: ToolRequest | None = None  # chat with tools: tool calls are parsed out of the text
+    input_param: str | None = None  # the field the prompt came from when not messages/prompt ("input")
 
     @property
     def prompt_param(self) -> str:
+        if self.input_param is not None:
+            return self.input_param
         return "messages" if self.chat else "prompt"
 
     @property
     def object_name(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return self.tools is not None and self.tools.parses_calls
+
+
+class StreamShaper(Protocol):
+    """Writes one route's stream format. The driver (`stream`) calls `opening` once the backend
+    answered, `delta` for each delta in order, then `closing` or (a backend failure after the
+    headers went out) `failed`. `events` is None unless the call parses tool calls: then it holds
+    what the parser read out of this delta's text (content, a call's start, arguments fragments),
+    and `state.finish_reason` is already "tool_calls" where the model stopped after calling."""
+
+    async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None: ...
+
+    async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
+                    finish_reason: str | None, events: list[Event] | None) -> None: ...
+
+    async def failed(self, writer: SseWriter, error: ApiError) -> None: ...
+
+    async def closing(self, writer: SseWriter, choices: list[ChoiceState], usage: Usage) -> None: ...
 
 
 def _choices(call: Call, num_prompts: int) -> list[ChoiceState]:
@@ -103,15 +132,24 @@ async def _fanout(gateway: Gateway, subs: list[GenerateRequest], request: web.Re
             gateway.active.discard(fan)
 
 
-async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:
+def annotate_call(call: Call, subs: list[GenerateRequest]) -> None:
+    """The server span's gen_ai.request.* attributes, once per call."""
     annotate_request(request_span(), response_id=call.rid, model=call.model, chat=call.chat,
                      sampling=subs[0].sampling if subs else {})
+
+
+async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:
+    """The OpenAI routes: chat.completion / text_completion bodies and chunks."""
+    annotate_call(call, subs)
     if stream:
-        return await _stream(request, gateway, call, subs)
-    return await _collect(gateway, call, subs)
+        return await stream_call(request, gateway, call, subs, ChunkShaper(call))
+    choices, usage = await collect(gateway, call, subs)
+    build = chat_body if call.chat else completion_body
+    return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
 
 
-async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> web.Response:
+async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> tuple[list[ChoiceState], Usage]:
+    """Run the call to its end: every choice's text (tool calls read out of it) and the usage."""
     choices = _choices(call, len(subs))
     if call.echo_texts is not None:
         for state in choices:
@@ -127,12 +165,11 @@ async def _collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) ->
                             token_text=gateway.token_text)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
-    if call.tools is not None and call.tools.parses_calls:
+    if call.parses_tool_calls:
         for state in choices:
             _read_tool_calls(call, state)
     annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
-    build = chat_body if call.chat else completion_body
-    return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
+    return choices, usage
 
 
 def _parser(call: Call) -> HermesToolParser:
@@ -149,6 +186,52 @@ def _read_tool_calls(call: Call, state: ChoiceState) -> None:
     state.finish_reason = finish_with_tools(state.finish_reason, bool(parser.calls))
 
 
+async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest],
+                      shaper: StreamShaper) -> web.StreamResponse:
+    """Stream the call through `shaper`. An error before the first delta is raised (a real HTTP
+    status, in the route's error shape); one after the headers went out goes to `shaper.failed`."""
+    choices = _choices(call, len(subs))
+    parsers = {s.index: _parser(call) for s in choices} if call.parses_tool_calls else None
+    usage = Usage()
+    async with _fanout(gateway, subs, request) as fan:
+        try:
+            await fan.prefetch()
+        except BackendError as exc:
+            raise _api_error(gateway, call, exc) from None
+        writer = await SseWriter.open(request, {"X-Request-Id": request_id()},
+                                      write_timeout=gateway.config.write_timeout, name=call.rid)
+        gateway.metrics.stream_started()
+        try:
+            await shaper.opening(writer, choices)
+            try:
+                async for prompt_index, delta in fan:
+                    usage.observe(prompt_index, delta)
+                    state = _state_for(call, choices, prompt_index, delta)
+                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text)
+                    events = None
+                    if parsers is not None:
+                        parser = parsers[state.index]
+                        events = parser.feed(text) if text else []
+                        if delta.finish_reason:
+                            events += parser.finish()
+                            state.finish_reason = finish_with_tools(delta.finish_reason, bool(parser.calls))
+                    await shaper.delta(writer, state, text, logprobs, delta.finish_reason, events)
+            except BackendError as exc:
+                if fan.overflowed:
+                    return writer.response  # the connection is gone (see _fanout)
+                # Headers are gone already: the error travels inside the stream.
+                await shaper.failed(writer, _api_error(gateway, call, exc))
+                return writer.response
+            await shaper.closing(writer, choices, usage)
+        except ConnectionError:
+            pass  # the client went away; leaving the `async with` cancels the backend requests
+        finally:
+            writer.close()
+            gateway.metrics.stream_finished()
+            annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
+        return writer.response
+
+
 def _tool_deltas(events: list[Event]) -> list[dict]:
     """Chunk deltas in OpenAI's format: content, a call's id and name, its arguments fragments."""
     out: list[dict] = []
@@ -162,72 +245,50 @@ def _tool_deltas(events: list[Event]) -> list[dict]:
     return out
 
 
-async def _stream(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> web.StreamResponse:
-    choices = _choices(call, len(subs))
-    parsers = {s.index: _parser(call) for s in choices} if call.tools is not None and call.tools.parses_calls else None
-    usage = Usage()
-    chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
-    async with _fanout(gateway, subs, request) as fan:
-        try:
-            await fan.prefetch()
-        except BackendError as exc:
-            raise _api_error(gateway, call, exc) from None
-        writer = await SseWriter.open(request, {"X-Request-Id": request_id()},
-                                      write_timeout=gateway.config.write_timeout, name=call.rid)
-        gateway.metrics.stream_started()
-        try:
-            for state in choices:  # the opening chunk of each choice
-                if call.chat:
-                    await writer.send(chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
-                elif call.echo_texts is not None:
-                    text = call.echo_texts[state.index // call.n]
-                    state.next_text_offset = len(text)
-                    await writer.send(chunks.completion(state.index, text, None, None))
-            try:
-                async for prompt_index, delta in fan:
-                    usage.observe(prompt_index, delta)
-                    state = _state_for(call, choices, prompt_index, delta)
-                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text)
-                    if parsers is not None:
-                        await _send_tool_deltas(writer, chunks, state, parsers[state.index], text, logprobs,
-                                                delta.finish_reason)
-                        continue
-                    if not text and logprobs is None and not delta.finish_reason:
-                        continue  # nothing to tell the client (e.g. text held back for a stop string)
-                    if call.chat:
-                        body = {"content": text} if text or not delta.finish_reason else {}
-                        await writer.send(chunks.chat(state.index, body, logprobs, delta.finish_reason))
-                    else:
-                        await writer.send(chunks.completion(state.index, text, logprobs, delta.finish_reason))
-            except BackendError as exc:
-                if fan.overflowed:
-                    return writer.response  # the connection is gone (see _fanout)
-                # Headers are gone already: the error travels as an event, then [DONE].
-                await writer.send(_api_error(gateway, call, exc).body())
-                await writer.done()
-                return writer.response
-            if call.include_usage:
-                await writer.send(chunks.usage(call.object_name, usage.body(choices)))
-            await writer.done()
-        except ConnectionError:
-            pass  # the client went away; leaving the `async with` cancels the backend requests
-        finally:
-            writer.close()
-            gateway.metrics.stream_finished()
-            annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
-        return writer.response
+class ChunkShaper:
+    """OpenAI's chunks: `chat.completion.chunk` or `text_completion`, then `data: [DONE]`."""
 
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
 
-async def _send_tool_deltas(writer: SseWriter, chunks: ChunkFactory, state: ChoiceState, parser: HermesToolParser,
-                            text: str, logprobs, finish_reason: str | None) -> None:
-    events = parser.feed(text) if text else []
-    if finish_reason:
-        events += parser.finish()
-    deltas = _tool_deltas(events)
-    if logprobs is not None and not deltas and not finish_reason:
-        deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
-    for i, body in enumerate(deltas):
-        await writer.send(chunks.chat(state.index, body, logprobs if i == 0 else None, None))
-    if finish_reason:
-        state.finish_reason = finish_with_tools(finish_reason, bool(parser.calls))
-        await writer.send(chunks.chat(state.index, {}, None if deltas else logprobs, state.finish_reason))
+    async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None:
+        for state in choices:  # the opening chunk of each choice
+            if self.call.chat:
+                await writer.send(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
+            elif self.call.echo_texts is not None:
+                text = self.call.echo_texts[state.index // self.call.n]
+                state.next_text_offset = len(text)
+                await writer.send(self.chunks.completion(state.index, text, None, None))
+
+    async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
+                    finish_reason: str | None, events: list[Event] | None) -> None:
+        if events is not None:
+            await self._tool_deltas(writer, state, events, logprobs, finish_reason)
+            return
+        if not text and logprobs is None and not finish_reason:
+            return  # nothing to tell the client (e.g. text held back for a stop string)
+        if self.call.chat:
+            body = {"content": text} if text or not finish_reason else {}
+            await writer.send(self.chunks.chat(state.index, body, logprobs, finish_reason))
+        else:
+            await writer.send(self.chunks.completion(state.index, text, logprobs, finish_reason))
+
+    async def _tool_deltas(self, writer: SseWriter, state: ChoiceState, events: list[Event], logprobs: Any,
+                           finish_reason: str | None) -> None:
+        deltas = _tool_deltas(events)
+        if logprobs is not None and not deltas and not finish_reason:
+            deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
+        for i, body in enumerate(deltas):
+            await writer.send(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None))
+        if finish_reason:
+            await writer.send(self.chunks.chat(state.index, {}, None if deltas else logprobs, state.finish_reason))
+
+    async def failed(self, writer: SseWriter, error: ApiError) -> None:
+        await writer.send(error.body())
+        await writer.done()
+
+    async def closing(self, writer: SseWriter, choices: list[ChoiceState], usage: Usage) -> None:
+        if self.call.include_usage:
+            await writer.send(self.chunks.usage(self.call.object_name, usage.body(choices)))
+        await writer.done()

@@ -1,5 +1,6 @@
 """POST /v1/completions and POST /v1/chat/completions: validate, build the
-prompt(s), hand them to `generation.respond`."""
+prompt(s), hand them to `generation.respond`. `prepare_chat` and `subrequests` are also the
+first steps of the Responses and Messages routes, which arrive here as chat requests."""
 from __future__ import annotations
 
 import time
@@ -56,7 +57,7 @@ def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
 
 # Response and Triton request ids are always fresh uuids: the engine keys its
 # requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
-def _subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
+def subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
     traceparent = backend_traceparent(request_span())
     return [
         GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent)
@@ -83,12 +84,12 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
                 include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param)
-    subs = _subrequests(request, rid, req.prompts, req.sampling, req.stream)
+    subs = subrequests(request, rid, req.prompts, req.sampling, req.stream)
     return await respond(request, gateway, call, subs, req.stream)
 
 
 async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool,
-                          tools: ToolRequest | None = None) -> list[int]:
+                          tools: ToolRequest | None = None, param: str = "messages") -> list[int]:
     tok = gateway.require_tokenizer()
     template = gateway.chat_template()
     # tool_choice "none": the tools stay out of the prompt (no call could be read back anyway).
@@ -104,24 +105,32 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
             extra=extra,
         )
     except ChatTemplateError as exc:
-        raise bad_request(str(exc), param="messages") from None
+        raise bad_request(str(exc), param=param) from None
     ids = await tok.encode_async(text, add_special_tokens=False)
     if not ids:
-        raise bad_request("the rendered conversation is empty", param="messages")
+        raise bad_request("the rendered conversation is empty", param=param)
     return ids
+
+
+async def prepare_chat(gateway: Gateway, req: ChatRequest, param: str = "messages") -> tuple[str, list[int]]:
+    """(the served model name, the prompt's token ids) of a validated chat request: the tenant's
+    cache salt applied, the conversation rendered with the chat template, the context checked,
+    the backend ready. `param` names the field the conversation came from in errors."""
+    model = gateway.resolve_model(req.model)
+    _apply_tenant_salt(gateway, req.sampling)
+    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools, param)
+    _check_context(gateway, ids, req.sampling, param, fill_default=True)
+    await gateway.ensure_ready()
+    return model, ids
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req: ChatRequest = parse_chat(body, gateway.vocab_size, gateway.config.tools)
-    model = gateway.resolve_model(req.model)
-    _apply_tenant_salt(gateway, req.sampling)
-    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools)
-    _check_context(gateway, ids, req.sampling, "messages", fill_default=True)
-    await gateway.ensure_ready()
+    model, ids = await prepare_chat(gateway, req)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
                 constraint_param=req.constraint_param, tools=req.tools)
-    subs = _subrequests(request, rid, [ids], req.sampling, req.stream)
+    subs = subrequests(request, rid, [ids], req.sampling, req.stream)
     return await respond(request, gateway, call, subs, req.stream)

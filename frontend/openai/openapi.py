@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.frontend.openai.anthropic.messages_openapi import messages_schemas
 from kvserve.frontend.openai.api_requests import CHAT_ROLES, MAX_PROMPTS
+from kvserve.frontend.openai.responses_api.responses_openapi import responses_schemas
 from kvserve.frontend.openai.tools import MAX_TOOLS
 from kvserve.seam.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
@@ -218,6 +220,8 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
         "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
             "model": {"type": "string", "nullable": True}, "tokens": {"type": "array", "items": token_id}}},
         "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        **messages_schemas(),
+        **responses_schemas(),
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["message", "type"], "properties": {
                 "message": {"type": "string"}, "type": {"type": "string"},
@@ -250,6 +254,20 @@ def _post(summary: str, request: str, response: str, *, stream: bool, protected:
         "application/json": {"schema": _ref(request)}}}, "responses": responses}}
 
 
+def _stored_response(protected: bool) -> dict[str, Any]:
+    """GET and DELETE of one stored response: another API key's id is not found (404)."""
+    parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+    def op(summary: str, schema: str) -> dict[str, Any]:
+        responses: dict[str, Any] = {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+                                     "404": _error("no stored response with this id (for this API key)")}
+        if protected:
+            responses["401"] = _error("missing or wrong API key")
+        return {"summary": summary, "parameters": parameters, "responses": responses}
+
+    return {"get": op("A stored response", "Response"), "delete": op("Delete a stored response", "DeletedResponse")}
+
+
 def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> dict[str, Any]:
     def get(summary: str, schema: dict[str, Any] | None, *extra: tuple[str, dict[str, Any]], protected: bool = False) -> dict[str, Any]:
         content = {"application/json": {"schema": schema}} if schema else {"text/plain": {"schema": {"type": "string"}}}
@@ -265,6 +283,11 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
         "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest", "ChatCompletion", stream=True, protected=secured),
         "/v1/embeddings": _post("Create embeddings (needs an embedding model: --embedding-model)", "EmbeddingRequest",
                                 "EmbeddingList", stream=False, protected=secured, backend=True),
+        "/v1/responses": _post("Create a response (OpenAI's Responses API; streamed as typed events)",
+                               "ResponsesRequest", "Response", stream=True, protected=secured),
+        "/v1/responses/{response_id}": _stored_response(secured),
+        "/v1/messages": _post("Create a message (Anthropic's Messages API; errors in Anthropic's shape, "
+                              "x-api-key accepted)", "MessagesRequest", "Message", stream=True, protected=secured),
         "/tokenize": _post("Tokenize a prompt or a conversation", "TokenizeRequest", "TokenizeResponse", stream=False, protected=secured),
         "/detokenize": _post("Turn token ids back into text", "DetokenizeRequest", "DetokenizeResponse", stream=False, protected=secured),
         "/v1/models": get("List served models", _ref("ModelList"), protected=True),

@@ -3,14 +3,24 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from kvserve.frontend.http import GATEWAY
 from kvserve.frontend.openai import handlers_misc as misc
+from kvserve.frontend.openai.anthropic.handlers_messages import create_message
 from kvserve.frontend.openai.handlers_embeddings import create_embeddings
 from kvserve.frontend.openai.handlers_openai import create_chat_completion, create_completion
+from kvserve.frontend.openai.responses_api.handlers_responses import (create_response, delete_response,
+                                                                      get_response)
+from kvserve.frontend.openai.responses_api.response_store import RESPONSE_STORE, ResponseStore
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response, allow_head=False)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app[RESPONSE_STORE] = ResponseStore(app[GATEWAY].config.response_store_entries)
+    app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_get("/v1/models", misc.list_models, allow_head=False)
     app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)
@@ -20,3 +30,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", misc.openapi, allow_head=False)
     app.router.add_post("/tokenize", misc.tokenize)
     app.router.add_post("/detokenize", misc.detokenize)
+

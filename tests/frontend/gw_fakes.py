@@ -244,3 +244,7 @@ def get(url: str, **kw) -> Reply:
 
 def post(url: str, json_body: object | None = None, **kw) -> Reply:
     return http("POST", url, json_body=json_body, **kw)
+
+
+def delete(url: str, **kw) -> Reply:
+    return http("DELETE", url, **kw)

@@ -1,0 +1,80 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{response_id}: OpenAI's Responses API as a chat
+call on the one generation path (the chat template, sampling, stop strings, grammars for
+text.format and forced tools, cancellation when the client leaves, the server span and the
+route's own request counter are those of every route), with the stored conversations that
+`previous_response_id` continues (response_store.py)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from kvserve.frontend.http import GATEWAY, read_json_body, request_key_id
+from kvserve.frontend.openai.api_errors import ApiError
+from kvserve.frontend.openai.generation import Call, annotate_call, collect, stream_call
+from kvserve.frontend.openai.handlers_openai import prepare_chat, subrequests
+from kvserve.frontend.openai.responses_api.response_events import ResponseEvents
+from kvserve.frontend.openai.responses_api.response_object import (ResponseMeta, items_as_messages, new_id,
+                                                                   output_items, response_status, usage_body)
+from kvserve.frontend.openai.responses_api.response_store import RESPONSE_STORE, ResponseStore
+from kvserve.frontend.openai.responses_api.responses_request import parse_responses_request
+
+
+def _owner() -> str:
+    """Whose responses these are: the presented API key (its digest), "" when the server has none."""
+    return request_key_id() or ""
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "no stored response has this id", param="response_id", code="response_not_found")
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    store: ResponseStore = request.app[RESPONSE_STORE]
+    owner = _owner()
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+
+    def history(response_id: str) -> list[dict[str, Any]] | None:
+        entry = store.get(owner, response_id)
+        return None if entry is None else entry.conversation
+
+    req = parse_responses_request(body, gateway.vocab_size, gateway.config.tools, history)
+    chat = req.chat
+    model, ids = await prepare_chat(gateway, chat, param="input")
+    meta = ResponseMeta(new_id("resp"), int(time.time()), model, req.echo, store=req.store and store.enabled)
+    call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=False, include_usage=False,
+                constraint_param=chat.constraint_param, tools=chat.tools, input_param="input")
+    subs = subrequests(request, meta.id, [ids], chat.sampling, req.stream)
+    annotate_call(call, subs)
+
+    def keep(response: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        if meta.store:
+            store.put(owner, response, req.input_messages + items_as_messages(items))
+
+    if req.stream:
+        return await stream_call(request, gateway, call, subs, ResponseEvents(meta, keep))
+    choices, usage = await collect(gateway, call, subs)
+    items = output_items(choices[0])
+    status, incomplete = response_status(choices[0])
+    response = meta.body(status, items, usage_body(usage, choices), incomplete=incomplete)
+    keep(response, items)
+    return web.json_response(response)
+
+
+async def get_response(request: web.Request) -> web.Response:
+    if request.query.get("stream") not in (None, "false"):
+        raise ApiError(400, "streaming a stored response again is not supported by this server", param="stream",
+                       code="unsupported_parameter")
+    entry = request.app[RESPONSE_STORE].get(_owner(), request.match_info["response_id"])
+    if entry is None:
+        raise _not_found()
+    return web.json_response(entry.body)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    if not request.app[RESPONSE_STORE].delete(_owner(), response_id):
+        raise _not_found()
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})

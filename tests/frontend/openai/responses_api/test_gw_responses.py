@@ -1,0 +1,136 @@
+"""POST /v1/responses (and GET / DELETE by id) against the in-memory backend, through the official
+openai client: the Response object, the typed event stream in order (its text equal to the whole
+answer), instructions, the stored chain of previous_response_id kept per API key, and bad input
+with OpenAI's error shape."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from gw_fakes import WORDS, GatewayServer, FakeBackend, delete, get, post
+from kvserve.frontend.http.gateway_config import GatewayConfig
+from kvserve.frontend.openai.responses_api.response_store import ResponseStore
+
+
+def words(start: int, count: int) -> str:
+    return " ".join(WORDS[(start + k) % len(WORDS)] for k in range(count))
+
+
+def _prompt(server) -> str:
+    return server.tokenizer.decode(server.backend.requests[-1].prompt, skip_special_tokens=False)
+
+
+def test_create_answers_a_response_with_usage(client: openai.OpenAI) -> None:
+    out = client.responses.create(model="tiny", input="hello world", max_output_tokens=4)
+    assert out.object == "response" and out.id.startswith("resp_") and out.model == "tiny"
+    assert out.output_text == words(0, 4)
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.output_tokens == 4 and out.usage.total_tokens == out.usage.input_tokens + 4
+    done = client.responses.create(model="tiny", input="hello", max_output_tokens=9, extra_body={"stop": ["gamma"]})
+    assert done.status == "completed" and done.output_text == "alpha beta "
+    assert done.output[0].type == "message" and done.output[0].content[0].type == "output_text"
+
+
+def test_instructions_and_input_items_render_as_chat(client: openai.OpenAI, server) -> None:
+    client.responses.create(model="tiny", instructions="be brief", max_output_tokens=2, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "22 C"}])
+    prompt = _prompt(server)
+    assert prompt.startswith("<s><|im_start|>system\nbe brief")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert "<tool_response>\n22 C\n</tool_response>" in prompt
+    assert server.backend.requests[-1].sampling["max_tokens"] == 2
+
+
+def test_stream_sends_typed_events_in_order_and_the_same_text(client: openai.OpenAI) -> None:
+    whole = client.responses.create(model="tiny", input="hi", max_output_tokens=9, extra_body={"stop": ["zeta"]})
+    with client.responses.stream(model="tiny", input="hi", max_output_tokens=9, extra_body={"stop": ["zeta"]}) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    deltas = kinds.count("response.output_text.delta")
+    assert kinds == (["response.created", "response.in_progress", "response.output_item.added",
+                      "response.content_part.added"] + ["response.output_text.delta"] * deltas
+                     + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                        "response.completed"]) and deltas > 0
+    assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_previous_response_id_continues_the_stored_conversation(client: openai.OpenAI, server) -> None:
+    first = client.responses.create(model="tiny", input="first question", max_output_tokens=3)
+    again = client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    client.responses.create(model="tiny", input="second question", previous_response_id=first.id,
+                            max_output_tokens=1)
+    prompt = _prompt(server)
+    assert prompt.index("first question") < prompt.index(first.output_text) < prompt.index("second question")
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="tiny", input="x", previous_response_id=first.id, max_output_tokens=1)
+    assert info.value.body["code"] == "previous_response_not_found"
+
+
+def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
+    out = client.responses.create(model="tiny", input="x", max_output_tokens=1, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(out.id)
+
+
+@pytest.fixture(scope="module")
+def two_keys(tokenizer_dir):
+    config = GatewayConfig(served_model_names=["tiny"], api_keys={"sk-one": "default", "sk-two": "default"})
+    with GatewayServer(FakeBackend(), config, tokenizer_dir) as srv:
+        yield srv
+
+
+def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) -> None:
+    one = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-one", max_retries=0, timeout=10)
+    two = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-two", max_retries=0, timeout=10)
+    mine = one.responses.create(model="tiny", input="secret", max_output_tokens=2)
+    assert one.responses.retrieve(mine.id).output_text == mine.output_text
+    for attempt in (lambda: two.responses.retrieve(mine.id), lambda: two.responses.delete(mine.id),
+                    lambda: two.responses.create(model="tiny", input="x", previous_response_id=mine.id)):
+        with pytest.raises(openai.NotFoundError) as info:
+            attempt()
+        assert mine.output_text not in str(info.value.body)
+    assert one.responses.retrieve(mine.id).id == mine.id  # the other key's delete did nothing
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "tiny"}, 400, "input"),
+    ({"input": []}, 400, "input"),
+    ({"input": [{"type": "hologram"}]}, 400, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input"),
+    ({"input": "x", "background": True}, 400, "background"),
+    ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, 400, "text.format"),
+    ({"input": "x", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
+    ({"input": "x", "model": "gpt-9"}, 404, "model"),
+])
+def test_bad_input_gets_the_status_and_openai_error_shape(server, body, status, param) -> None:
+    reply = post(f"{server.url}/v1/responses", body)
+    assert reply.status == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+
+
+def test_unknown_ids_are_404_on_get_and_delete(server) -> None:
+    assert get(f"{server.url}/v1/responses/resp_nope").status == 404
+    assert delete(f"{server.url}/v1/responses/resp_nope").status == 404
+
+
+def test_the_store_is_a_bounded_lru_per_owner() -> None:
+    store = ResponseStore(max_entries=2, max_bytes=10_000)
+    for i in range(3):
+        store.put("k", {"id": f"r{i}"}, [])
+    assert store.get("k", "r0") is None and store.get("k", "r1") is not None and len(store) == 2
+    store.put("k", {"id": "r3"}, [])  # r1 was used last: r2 goes
+    assert store.get("k", "r2") is None and store.get("k", "r1") is not None
+    assert store.get("other", "r1") is None and not store.delete("other", "r1")
+    small = ResponseStore(max_entries=10, max_bytes=100)
+    small.put("k", {"id": "big", "text": "x" * 200}, [])
+    assert small.get("k", "big") is None  # larger than the store: not kept
+    assert not ResponseStore(max_entries=0).enabled
