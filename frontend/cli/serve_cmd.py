@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help='allow tool_choice "auto": the model decides, --tool-call-parser reads its calls')
     tools.add_argument("--tool-call-parser", choices=TOOL_PARSERS,
                        help="how tool calls are read out of the model's text (hermes: <tool_call>{json}</tool_call>)")
+    responses = p.add_argument_group("the Responses API's store (previous_response_id, GET /v1/responses/{id})")
+    responses.add_argument("--disable-response-store", action="store_true",
+                           help="keep no /v1/responses answers: store is false for every response")
+    responses.add_argument("--response-store-size", type=int, default=1024, metavar="N",
+                           help="answers kept (per server, least recently used dropped first; each API key "
+                                "sees only its own)")
     add_engine_flags(p)
     add_replica_flags(p)
     add_cors_flags(p)
@@ -286,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             version=_version(),
             shutdown_timeout=args.shutdown_timeout,
             tools=ToolSettings(auto=args.enable_auto_tool_choice, parser=args.tool_call_parser),
+            response_store_entries=0 if args.disable_response_store else max(0, args.response_store_size),
             embedding_model_names=[plan.embedding_name] if plan.embedding_name else [],
             embedding_model_root=str(embedding_path) if embedding_path else None,
             embedding_max_model_len=derive_max_model_len(embedding_path, None),
