@@ -5,7 +5,7 @@ what a schema cannot describe: other encodings, raw surrogate and invalid UTF-8 
 bytes, escaped lone surrogates, integers of thousands of digits, deep nesting, huge arrays,
 truncated and spliced bodies, each field given any JSON value. For every reply:
 - no 5xx, and no stream event carrying a server error;
-- an error body is an OpenAI error object of at most 4 KiB;
+- an error body is an OpenAI error object (Anthropic's on /v1/messages) of at most 4 KiB;
 - no error body holds any of the request's string values (8 characters or more) or of
   the raw bytes spliced into it.
 """
@@ -30,15 +30,23 @@ ROUTES = {
                              "stop", "add_generation_prompt", "chat_template_kwargs", "echo", "user", "timeout",
                              "continue_final_message", "logit_bias", "stream_options", "structured_outputs",
                              "guided_json", "guided_regex"),
+    "/v1/responses": ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+                      "store", "background", "previous_response_id", "tools", "tool_choice", "text", "metadata",
+                      "parallel_tool_calls", "reasoning", "truncation", "include", "user"),
+    "/v1/messages": ("model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
+                     "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata"),
     "/tokenize": ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"),
     "/detokenize": ("model", "tokens"),
 }
 MAX_ERROR_BODY = 4096
 MIN_ECHO = 8  # shorter strings may occur in any message by chance ("model", "prompt")
 ROLES = ["user", "system", "assistant", "tool", "developer", "x"]
+ANTHROPIC_ROUTES = {"/v1/messages"}  # errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}}
 # What messages may name: fields, roles, constraint kinds and schema keywords.
 VOCABULARY = {name for names in ROUTES.values() for name in names} | set(ROLES) | {
-    "json_schema", "json_object", "structural_tag", "properties", "required", "minimum"}
+    "json_schema", "json_object", "structural_tag", "properties", "required", "minimum",
+    "input_text", "output_text", "function_call", "function_call_output", "tool_use", "tool_result",
+    "tool_use_id", "input_schema", "call_id", "arguments"}
 
 huge_ints = st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, 10**30, 2**1000])
 texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)  # surrogates and NUL included
@@ -66,6 +74,16 @@ constraints = st.one_of(
 )
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES),
                                            "content": texts | values}), max_size=3)
+# Content blocks (Anthropic) and input items (Responses): known and unknown types, any field values.
+blocks = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "x"])},
+                                        optional={"text": values, "id": values, "name": values, "input": values,
+                                                  "tool_use_id": values, "content": values}), max_size=3)
+anthropic_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": texts | blocks}),
+                              max_size=3)
+input_items = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "x"])},
+    optional={"role": st.sampled_from(ROLES), "content": texts | blocks | values, "call_id": values,
+              "name": values, "arguments": values, "output": values}), max_size=3)
 
 
 @st.composite
@@ -77,14 +95,19 @@ def bodies(draw: st.DrawFn, route: str) -> dict:
         body["prompt"] = draw(texts | st.lists(st.integers(0, 600), max_size=8))
     if route in ("/v1/chat/completions", "/tokenize") and draw(st.booleans()):
         body["messages"] = draw(messages)
+    if route == "/v1/messages" and draw(st.booleans()):
+        body["messages"] = draw(anthropic_messages)
+    if route == "/v1/responses" and draw(st.booleans()):
+        body["input"] = draw(texts | input_items)
     if route == "/detokenize" and draw(st.booleans()):
         body["tokens"] = draw(st.lists(st.integers(-2, 600) | huge_ints, max_size=8))
     for name in draw(st.lists(st.sampled_from(ROUTES[route]), max_size=4, unique=True)):
         body[name] = draw(values)
     if route in ("/v1/completions", "/v1/chat/completions") and draw(st.integers(0, 3)) == 0:
         body.update(draw(constraints))
-    if "max_tokens" not in body:
-        body["max_tokens"] = 4  # a request that is valid by chance stays short
+    length = "max_output_tokens" if route == "/v1/responses" else "max_tokens"
+    if length not in body:
+        body[length] = 4  # a request that is valid by chance stays short
     return body
 
 
@@ -159,7 +182,10 @@ def _check(route: str, data: bytes, sent: list[str], spliced: list[bytes], statu
     if status >= 400:
         assert len(body) <= MAX_ERROR_BODY, (route, status, len(body))
         error = json.loads(body)["error"]
-        assert set(error) == {"message", "type", "param", "code"}, body[:300]
+        if route in ANTHROPIC_ROUTES:
+            assert json.loads(body)["type"] == "error" and set(error) == {"type", "message"}, body[:300]
+        else:
+            assert set(error) == {"message", "type", "param", "code"}, body[:300]
         text = body.decode("utf-8")
         decoded = json.dumps(json.loads(body), ensure_ascii=False)
         for s in sent:
