@@ -1,4 +1,5 @@
-/* Paged decode attention for the CPU, reading K/V in place through the block table (float32).
+/* Paged decode attention for the CPU, reading K/V in place through the block table (float32
+ * queries and outputs; the caches float32, bfloat16 or one of the two fp8 formats, see below).
  *
  * The torch path gathers every request's context into contiguous copies each
  * layer of each step (written once, read again by SDPA): three passes over
@@ -22,6 +23,19 @@
  * With a window, a request's loop starts at its first visible position, often mid-block: the
  * blocks behind it (released by a sliding KV cache group, their table entries stale or the
  * null block) are never read, and no position is read only to be masked.
+ * The caches' element format (`kv_format`, KVSERVE_KV_*): float32 rows are read as they are; the
+ * others are widened to float32 as they are loaded, in registers, so a compressed cache costs memory
+ * traffic in proportion to its bytes (a fp8 row of head size 64 is one cache line, a float32 row four).
+ * Widening is exact for every format. The AVX-512 path widens 16 values at a time by moving bits:
+ *
+ *   bfloat16  b              -> float32 bits b << 16
+ *   fp8 e5m2  c              -> float16 bits c << 8 (e5m2 is float16's top byte)     -> float32
+ *   fp8 e4m3  c = s eeee mmm -> float16 bits s 0eeee mmm0000000 = c's value * 2^-8  -> float32 * 256
+ *
+ * (the float16 -> float32 step is the hardware's, subnormals included); the scalar path reads a
+ * 256-entry table of the fp8 format's values that the caller passes (torch's own conversion). The
+ * fp8 scale is 1.0 per tensor (kernels/kv_quant.py); e4m3's NaN codes, which the store never writes
+ * (it clamps), read as +-480 on the AVX-512 path.
  * Built by kvserve.kernels.cpu_native with -fopenmp; OpenMP here is torch's
  * own runtime (the libgomp.so.1 already loaded in the process), so the
  * region runs on the same thread team as torch's ops.
@@ -35,6 +49,32 @@
 #define KVSERVE_MAX_HEADS 64
 #define KVSERVE_MAX_HEAD_DIM 256
 #define KVSERVE_MAX_BLOCK 64
+
+/* The caches' element formats (kernels/cpu_native.py's _KV_FORMATS). */
+#define KVSERVE_KV_F32 0
+#define KVSERVE_KV_BF16 1
+#define KVSERVE_KV_FP8_E4M3 2
+#define KVSERVE_KV_FP8_E5M2 3
+
+static inline int64_t kv_element_bytes(int fmt) { return fmt == KVSERVE_KV_F32 ? 4 : fmt == KVSERVE_KV_BF16 ? 2 : 1; }
+
+/* n values of a cache from element `at` on, as float32: in place for a float32 cache, else widened
+ * into buf (fp8 through `values`, the format's 256 values). */
+static inline const float *row_f32(const void *cache, int fmt, const float *values, int64_t at, int64_t n,
+                                   float *restrict buf) {
+    if (fmt == KVSERVE_KV_F32) return (const float *)cache + at;
+    if (fmt == KVSERVE_KV_BF16) {
+        const uint16_t *src = (const uint16_t *)cache + at;
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t bits = (uint32_t)src[i] << 16;
+            memcpy(buf + i, &bits, sizeof bits);
+        }
+        return buf;
+    }
+    const uint8_t *src = (const uint8_t *)cache + at;
+    for (int64_t i = 0; i < n; ++i) buf[i] = values[src[i]];
+    return buf;
+}
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.0f;
@@ -57,12 +97,14 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
  * block, each block's rows read once for all those heads (consecutive slots are `row_stride` floats
  * apart).
  * `head_dim` is a compile-time constant where attend() is inlined into a specialised caller. */
-static inline void attend(const float *restrict q, const float *restrict key_cache,
-                          const float *restrict value_cache, const int32_t *restrict table, int64_t begin, int64_t len,
+static inline void attend(const float *restrict q, const void *key_cache, const void *value_cache, int fmt,
+                          const float *values, const int32_t *restrict table, int64_t begin, int64_t len,
                           float *restrict o, int64_t kv_lo, int64_t kv_hi, int64_t group, const int64_t head_dim,
                           int64_t row_stride, int64_t block_size, float scale) {
     const int64_t heads = (kv_hi - kv_lo) * group; /* query heads of this item */
+    const int64_t span = (kv_hi - kv_lo) * head_dim; /* values of a slot this item reads */
     float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM];
+    float row[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM]; /* one slot's K or V widened to float32 */
     float p[KVSERVE_MAX_HEADS * KVSERVE_MAX_BLOCK]; /* p[i * KVSERVE_MAX_BLOCK + t]: head i, slot t */
     float mx[KVSERVE_MAX_HEADS], sum[KVSERVE_MAX_HEADS];
     memset(acc, 0, sizeof(float) * (size_t)(heads * head_dim));
@@ -76,11 +118,11 @@ static inline void attend(const float *restrict q, const float *restrict key_cac
         n = len - start < block_size - offset ? len - start : block_size - offset;
         const int64_t first =
             ((int64_t)table[start / block_size] * block_size + offset) * row_stride + kv_lo * head_dim;
-        const float *k = key_cache + first, *v = value_cache + first;
-        for (int64_t t = 0; t < n; ++t)
+        for (int64_t t = 0; t < n; ++t) {
+            const float *k = row_f32(key_cache, fmt, values, first + t * row_stride, span, row);
             for (int64_t i = 0; i < heads; ++i)
-                p[i * KVSERVE_MAX_BLOCK + t] =
-                    dot(qh + i * head_dim, k + t * row_stride + (i / group) * head_dim, head_dim) * scale;
+                p[i * KVSERVE_MAX_BLOCK + t] = dot(qh + i * head_dim, k + (i / group) * head_dim, head_dim) * scale;
+        }
         for (int64_t i = 0; i < heads; ++i) {
             float *pi = p + i * KVSERVE_MAX_BLOCK;
             float block_max = -INFINITY;
@@ -98,10 +140,11 @@ static inline void attend(const float *restrict q, const float *restrict key_cac
             scale_row(acc + i * head_dim, correction, head_dim);
             mx[i] = new_max;
         }
-        for (int64_t t = 0; t < n; ++t)
+        for (int64_t t = 0; t < n; ++t) {
+            const float *v = row_f32(value_cache, fmt, values, first + t * row_stride, span, row);
             for (int64_t i = 0; i < heads; ++i)
-                axpy(acc + i * head_dim, p[i * KVSERVE_MAX_BLOCK + t], v + t * row_stride + (i / group) * head_dim,
-                     head_dim);
+                axpy(acc + i * head_dim, p[i * KVSERVE_MAX_BLOCK + t], v + (i / group) * head_dim, head_dim);
+        }
     }
     float *oh = o + kv_lo * group * head_dim;
     for (int64_t i = 0; i < heads; ++i) {
@@ -155,6 +198,19 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
+/* 16 cache values from element `at` on, widened to float32 (see the file's comment). */
+static inline __attribute__((always_inline)) __m512 load16(const int FMT, const void *cache, int64_t at) {
+    if (FMT == KVSERVE_KV_F32) return _mm512_loadu_ps((const float *)cache + at);
+    if (FMT == KVSERVE_KV_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + at))), 16));
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)cache + at)));
+    if (FMT == KVSERVE_KV_FP8_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(c, 8));
+    const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
+                                         _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+    return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+}
+
 /* Tokens of the chunk at t0: up to chunk_max, within t0's cache block and before len. */
 static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t block_size) {
     int64_t n = block_size - t0 % block_size;
@@ -167,9 +223,11 @@ static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t 
  * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
  * accumulators in registers through the chunk. */
 static inline __attribute__((always_inline)) void attend_avx512(
-    const int NV, const int G, const float *restrict q, const float *restrict key_cache,
-    const float *restrict value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
+    const int FMT, const int NV, const int G, const float *restrict q, const void *key_cache,
+    const void *value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
     int64_t kv_lo, int64_t kv_hi, int64_t row_stride, int64_t block_size, float scale) {
+    const int64_t bytes = kv_element_bytes(FMT);
+    const char *key_bytes = (const char *)key_cache, *value_bytes = (const char *)value_cache;
     const int64_t head_dim = NV * 16;
     const int64_t heads = (kv_hi - kv_lo) * G;
     float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM];
@@ -181,7 +239,7 @@ static inline __attribute__((always_inline)) void attend_avx512(
     }
     const float *qh = q + kv_lo * G * head_dim;
     float *oh = o + kv_lo * G * head_dim;
-    const int64_t span = (kv_hi - kv_lo) * head_dim; /* floats of a slot this item reads */
+    const int64_t span = (kv_hi - kv_lo) * head_dim * bytes; /* bytes of a slot this item reads */
     /* Chunks of up to 16 tokens that stay within one cache block (consecutive slots); a window
      * starting mid-block makes the chunks of its first block end at the block's end, not 16 apart. */
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
@@ -195,14 +253,14 @@ static inline __attribute__((always_inline)) void attend_avx512(
                 ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
             const int m = chunk_len(t1, len, chunk_max, block_size);
             for (int t = 0; t < m; t++)
-                for (int64_t f = 0; f < span; f += 16) {
-                    _mm_prefetch((const char *)(key_cache + next + t * row_stride + f), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(value_cache + next + t * row_stride + f), _MM_HINT_T0);
+                for (int64_t f = 0; f < span; f += 64) { /* a cache line at a time */
+                    _mm_prefetch(key_bytes + (next + t * row_stride) * bytes + f, _MM_HINT_T0);
+                    _mm_prefetch(value_bytes + (next + t * row_stride) * bytes + f, _MM_HINT_T0);
                 }
         }
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
         for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
-            const float *k = key_cache + first + kv * head_dim, *v = value_cache + first + kv * head_dim;
+            const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
             float p[4][16];
             __m512 a[4][8]; /* [G][NV]: G <= 4, NV <= 8 */
             for (int i = 0; i < G; i++) {
@@ -213,7 +271,7 @@ static inline __attribute__((always_inline)) void attend_avx512(
                     if (t < n)
                         for (int j = 0; j < NV; j++)
                             dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + h * head_dim + j * 16),
-                                                  _mm512_loadu_ps(k + t * row_stride + j * 16), dot);
+                                                  load16(FMT, key_cache, kv_first + t * row_stride + j * 16), dot);
                     part[t] = dot;
                 }
                 const __m512 scores = _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale));
@@ -229,7 +287,7 @@ static inline __attribute__((always_inline)) void attend_avx512(
             }
             for (int t = 0; t < n; t++) {
                 __m512 vv[8];
-                for (int j = 0; j < NV; j++) vv[j] = _mm512_loadu_ps(v + t * row_stride + j * 16);
+                for (int j = 0; j < NV; j++) vv[j] = load16(FMT, value_cache, kv_first + t * row_stride + j * 16);
                 for (int i = 0; i < G; i++) {
                     const __m512 pt = _mm512_set1_ps(p[i][t]);
                     for (int j = 0; j < NV; j++) a[i][j] = _mm512_fmadd_ps(pt, vv[j], a[i][j]);
@@ -245,58 +303,69 @@ static inline __attribute__((always_inline)) void attend_avx512(
     }
 }
 
-#define ATTEND_AVX512(NV, G)                                                                                      \
-    static void attend_avx512_##NV##_##G(const float *q, const float *kc, const float *vc, const int32_t *table,  \
-                                         int64_t begin, int64_t len, float *o, int64_t lo, int64_t hi,             \
-                                         int64_t row_stride, int64_t block_size, float scale) {                    \
-        attend_avx512(NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);             \
+#define ATTEND_AVX512(FMT, NV, G)                                                                                 \
+    static void attend_avx512_##FMT##_##NV##_##G(const float *q, const void *kc, const void *vc,                  \
+                                                 const int32_t *table, int64_t begin, int64_t len, float *o,       \
+                                                 int64_t lo, int64_t hi, int64_t row_stride, int64_t block_size,   \
+                                                 float scale) {                                                    \
+        attend_avx512(FMT, NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);        \
     }
-ATTEND_AVX512(4, 1)
-ATTEND_AVX512(4, 2)
-ATTEND_AVX512(4, 3)
-ATTEND_AVX512(4, 4)
-ATTEND_AVX512(8, 1)
-ATTEND_AVX512(8, 2)
+#define ATTEND_AVX512_SHAPES(FMT) \
+    ATTEND_AVX512(FMT, 4, 1)      \
+    ATTEND_AVX512(FMT, 4, 2)      \
+    ATTEND_AVX512(FMT, 4, 3)      \
+    ATTEND_AVX512(FMT, 4, 4)      \
+    ATTEND_AVX512(FMT, 8, 1)      \
+    ATTEND_AVX512(FMT, 8, 2)
+ATTEND_AVX512_SHAPES(0)
+ATTEND_AVX512_SHAPES(1)
+ATTEND_AVX512_SHAPES(2)
+ATTEND_AVX512_SHAPES(3)
 
-typedef void (*attend_fn)(const float *, const float *, const float *, const int32_t *, int64_t, int64_t, float *,
+typedef void (*attend_fn)(const float *, const void *, const void *, const int32_t *, int64_t, int64_t, float *,
                           int64_t, int64_t, int64_t, int64_t, float);
 
-/* The specialised kernel for this head size and group, or NULL (the scalar loops run). */
-static attend_fn avx512_kernel(int64_t head_dim, int64_t group) {
-    if (head_dim == 64) {
-        static const attend_fn by_group[] = {attend_avx512_4_1, attend_avx512_4_2, attend_avx512_4_3,
-                                             attend_avx512_4_4};
-        return group >= 1 && group <= 4 ? by_group[group - 1] : NULL;
-    }
-    if (head_dim == 128) return group == 1 ? attend_avx512_8_1 : group == 2 ? attend_avx512_8_2 : NULL;
+/* The specialised kernel for this format, head size and group, or NULL (the scalar loops run). */
+static attend_fn avx512_kernel(int fmt, int64_t head_dim, int64_t group) {
+#define KERNELS_OF(FMT)                                                                                          \
+    {attend_avx512_##FMT##_4_1, attend_avx512_##FMT##_4_2, attend_avx512_##FMT##_4_3, attend_avx512_##FMT##_4_4, \
+     attend_avx512_##FMT##_8_1, attend_avx512_##FMT##_8_2}
+    static const attend_fn kernels[4][6] = {KERNELS_OF(0), KERNELS_OF(1), KERNELS_OF(2), KERNELS_OF(3)};
+#undef KERNELS_OF
+    if (fmt < 0 || fmt > 3) return NULL;
+    if (head_dim == 64) return group >= 1 && group <= 4 ? kernels[fmt][group - 1] : NULL;
+    if (head_dim == 128) return group >= 1 && group <= 2 ? kernels[fmt][4 + group - 1] : NULL;
     return NULL;
 }
 #endif
 
 #define ATTEND_WITH_HEAD_DIM(D)                                                                                  \
-    static void attend_##D(const float *q, const float *kc, const float *vc, const int32_t *table, int64_t begin, \
-                           int64_t len, float *o, int64_t lo, int64_t hi, int64_t group, int64_t row_stride,   \
-                           int64_t block_size, float scale) {                                                    \
-        attend(q, kc, vc, table, begin, len, o, lo, hi, group, D, row_stride, block_size, scale);               \
+    static void attend_##D(const float *q, const void *kc, const void *vc, int fmt, const float *values,          \
+                           const int32_t *table, int64_t begin, int64_t len, float *o, int64_t lo, int64_t hi,    \
+                           int64_t group, int64_t row_stride, int64_t block_size, float scale) {                 \
+        attend(q, kc, vc, fmt, values, table, begin, len, o, lo, hi, group, D, row_stride, block_size, scale);  \
     }
 ATTEND_WITH_HEAD_DIM(64)
 ATTEND_WITH_HEAD_DIM(128)
 
-/* Returns 0, or -1 when the shapes exceed the stack buffers' limits (nothing is written then).
+/* Returns 0, or -1 when the shapes exceed the stack buffers' limits or the format is unknown (nothing
+ * is written then). `values`: the fp8 format's 256 values (NULL for float32 and bfloat16 caches).
  * Work items are whole requests when there are enough of them to keep every thread busy (each
  * cache block is then streamed once, front to back), else (request, kv head) pairs. */
-int kvserve_paged_decode_f32(const float *query, const float *key_cache, const float *value_cache,
-                             const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out,
-                             int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                             int64_t block_size, int64_t window, float scale, int num_threads) {
+int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
+                         const float *values, const int32_t *tables, int64_t table_stride, const int32_t *lens,
+                         float *out, int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, int64_t window, float scale, int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     if (num_heads > KVSERVE_MAX_HEADS || head_dim > KVSERVE_MAX_HEAD_DIM || block_size > KVSERVE_MAX_BLOCK)
+        return -1;
+    if (kv_format < KVSERVE_KV_F32 || kv_format > KVSERVE_KV_FP8_E5M2 || (kv_format >= KVSERVE_KV_FP8_E4M3 && !values))
         return -1;
     const int64_t row_stride = num_kv_heads * head_dim; /* floats between consecutive slots */
     const int64_t split = batch >= 2 * (int64_t)num_threads ? 1 : num_kv_heads; /* items per request */
     const int64_t items = batch * split, heads_per_item = num_kv_heads / split;
 #if defined(__AVX512F__)
-    const attend_fn fast = avx512_kernel(head_dim, group);
+    const attend_fn fast = avx512_kernel(kv_format, head_dim, group);
 #endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t item = 0; item < items; ++item) {
@@ -313,12 +382,44 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
         }
 #endif
         if (head_dim == 64)
-            attend_64(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, row_stride, block_size, scale);
+            attend_64(q, key_cache, value_cache, kv_format, values, table, begin, len, o, lo, hi, group, row_stride,
+                      block_size, scale);
         else if (head_dim == 128)
-            attend_128(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, row_stride, block_size, scale);
+            attend_128(q, key_cache, value_cache, kv_format, values, table, begin, len, o, lo, hi, group, row_stride,
+                       block_size, scale);
         else
-            attend(q, key_cache, value_cache, table, begin, len, o, lo, hi, group, head_dim, row_stride,
-                   block_size, scale);
+            attend(q, key_cache, value_cache, kv_format, values, table, begin, len, o, lo, hi, group, head_dim,
+                   row_stride, block_size, scale);
     }
     return 0;
+}
+
+/* float32 caches: the entry point as it was before the cache formats (for native callers). */
+int kvserve_paged_decode_f32(const float *query, const float *key_cache, const float *value_cache,
+                             const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out,
+                             int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                             int64_t block_size, int64_t window, float scale, int num_threads) {
+    return kvserve_paged_decode(query, key_cache, value_cache, KVSERVE_KV_F32, NULL, tables, table_stride, lens, out,
+                                batch, num_heads, num_kv_heads, head_dim, block_size, window, scale, num_threads);
+}
+
+/* n values of a cache in `kv_format` from element 0 on, widened to float32 into out: 16 at a time as
+ * the AVX-512 path loads them, the rest (or all, without AVX-512) as the scalar path does. The
+ * tests compare both with torch's conversion on every code. */
+void kvserve_kv_to_f32(const void *src, int kv_format, const float *values, int64_t n, float *out) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = kv_format == KVSERVE_KV_F32    ? load16(KVSERVE_KV_F32, src, i)
+                         : kv_format == KVSERVE_KV_BF16 ? load16(KVSERVE_KV_BF16, src, i)
+                         : kv_format == KVSERVE_KV_FP8_E4M3 ? load16(KVSERVE_KV_FP8_E4M3, src, i)
+                                                            : load16(KVSERVE_KV_FP8_E5M2, src, i);
+        _mm512_storeu_ps(out + i, x);
+    }
+#endif
+    float buf[16];
+    for (; i < n; i += 16) {
+        const int64_t m = n - i < 16 ? n - i : 16;
+        memcpy(out + i, row_f32(src, kv_format, values, i, m, buf), sizeof(float) * (size_t)m);
+    }
 }

@@ -7,7 +7,8 @@ it). ctypes releases the GIL for the call, so the serving threads run meanwhile.
 Without a compiler (or with KVSERVE_CPU_NATIVE=0) `available()` is False and
 callers keep their torch path.
 
-- cpu_decode_attention.c: paged decode attention reading the KV cache in place;
+- cpu_decode_attention.c: paged decode attention reading the KV cache in place (float32, bfloat16 or
+  fp8 caches, widened as they are loaded);
 - cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
   rotary embedding in one pass each;
 - cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from kvserve.kernels.kv_quant import fp8_values
 
 log = logging.getLogger("kvserve.engine")
 
@@ -88,10 +91,12 @@ def _library() -> ctypes.CDLL | None:
         log.warning("building the native CPU kernels failed (%s%s): using torch ops",
                     exc, (": " + detail.decode(errors="replace")[-500:]) if detail else "")
         return None
-    fn = lib.kvserve_paged_decode_f32
+    fn = lib.kvserve_paged_decode
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [p, p, p, ctypes.c_int, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.kvserve_kv_to_f32.argtypes = [p, ctypes.c_int, p, i64, p]
+    lib.kvserve_kv_to_f32.restype = None
     lib.kvserve_rms_norm_f32.argtypes = [p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     lib.kvserve_rms_norm_f32.restype = None
     lib.kvserve_silu_and_mul_f32.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
@@ -124,11 +129,24 @@ def available() -> bool:
 # The C source's stack-buffer bounds (KVSERVE_MAX_*): larger shapes keep the torch path.
 _MAX_HEADS, _MAX_HEAD_DIM, _MAX_BLOCK = 64, 256, 64
 
+# The cache dtypes the decode kernel reads, as its KVSERVE_KV_* format codes.
+_KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
+
+
+@functools.cache
+def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """An fp8 format's 256 values for the kernel's scalar loops (kept alive: the kernel reads its memory)."""
+    return fp8_values(dtype).contiguous()
+
+
+def _kv_values(dtype: torch.dtype) -> int | None:
+    return _fp8_table(dtype).data_ptr() if _KV_FORMATS[dtype] >= 2 else None
+
 
 def supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
-    """The kernel's case: float32 CPU tensors, contiguous caches, shapes within its bounds."""
+    """The kernel's case: float32 CPU queries, contiguous caches of a format it reads, shapes within its bounds."""
     _, block_size, num_kv_heads, head_dim = key_cache.shape
-    return (query.device.type == "cpu" and query.dtype == torch.float32 and key_cache.dtype == torch.float32
+    return (query.device.type == "cpu" and query.dtype == torch.float32 and key_cache.dtype in _KV_FORMATS
             and key_cache.is_contiguous() and query.shape[1] <= _MAX_HEADS
             and head_dim <= _MAX_HEAD_DIM and block_size <= _MAX_BLOCK and available())
 
@@ -136,7 +154,10 @@ def supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                  window: int | None = None) -> torch.Tensor:
-    """query [B, Hq, D] -> out [B, Hq, D]; same contract as paged_decode_attention_torch (float32 only).
+    """query [B, Hq, D] -> out [B, Hq, D]; same contract as paged_decode_attention_torch.
+
+    float32 queries; the caches float32, bfloat16, float8_e4m3fn or float8_e5m2 (the fp8 ones with a
+    scale of 1.0: kernels/kv_quant.py), both of one dtype.
 
     With a `window`, each query sees its context's last `window` positions: the kernel starts
     there, so the table entries of the blocks before them are never read (a sliding KV cache
@@ -151,19 +172,37 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
     if not (value_cache.shape == key_cache.shape and value_cache.is_contiguous() and key_cache.is_contiguous()):
         raise ValueError("key and value caches must be contiguous [num_blocks, block_size, num_kv_heads, head_dim]")
+    if key_cache.dtype not in _KV_FORMATS or value_cache.dtype != key_cache.dtype or query.dtype != torch.float32:
+        raise ValueError(f"CPU decode attention reads float32 queries and caches of one of {list(_KV_FORMATS)}, "
+                         f"got {query.dtype} and {key_cache.dtype}/{value_cache.dtype}")
     if num_heads % num_kv_heads or block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("need num_heads % num_kv_heads == 0 and int32 block tables and lengths")
     if block_tables.stride(1) != 1 or not seq_lens.is_contiguous() or block_tables.shape[0] != batch:
         raise ValueError("block tables need contiguous rows, one per query row")
     query = query.contiguous()
     out = torch.empty_like(query)
-    status = lib.kvserve_paged_decode_f32(
-        query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+    status = lib.kvserve_paged_decode(
+        query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), _KV_FORMATS[key_cache.dtype],
+        _kv_values(key_cache.dtype), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
         block_size, window or 0, float(scale), torch.get_num_threads())
     if status:
         raise ValueError(f"CPU decode attention: shapes beyond the kernel's bounds ({num_heads} heads, "
                          f"head size {head_dim}, block size {block_size}); check supports() first")
+    return out
+
+
+def kv_to_f32(values: torch.Tensor) -> torch.Tensor:
+    """A 1-D cache-format tensor widened to float32 as the decode kernel widens it (16 at a time by its
+    AVX-512 loads where the CPU has them, the rest by its scalar loops): for the tests."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the native CPU kernels are not available")
+    if values.dim() != 1 or values.dtype not in _KV_FORMATS or not values.is_contiguous():
+        raise ValueError(f"kv_to_f32 takes a contiguous 1-D tensor of one of {list(_KV_FORMATS)}")
+    out = torch.empty(values.shape[0], dtype=torch.float32)
+    lib.kvserve_kv_to_f32(values.data_ptr(), _KV_FORMATS[values.dtype], _kv_values(values.dtype), values.shape[0],
+                          out.data_ptr())
     return out
 
 

@@ -15,6 +15,10 @@ every layer. Two more things matter on the CPU:
   its parallel work is split per selected row, and every split waits for both
   threads;
 - a step's metadata tensors are read on the host once (`tolist`), not per layer.
+
+The caches may be float32, bfloat16 or fp8 (kernels/kv_quant.py): keys and values are quantized as
+they are stored; the native kernel widens them as it loads them, the torch paths convert the rows
+they gather to the query's dtype.
 """
 from __future__ import annotations
 
@@ -22,11 +26,17 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.kernels import cpu_native
+from kvserve.kernels.kv_quant import byte_rows, from_byte_rows, quantize
 
 
 def _flat_rows(cache: torch.Tensor) -> torch.Tensor:
     """[num_blocks, block_size, Hkv, D] -> [num_blocks * block_size, Hkv * D] (a view)."""
     return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2] * cache.shape[3])
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows `slots` of a cache as [len(slots), Hkv * D], in the cache's dtype (fp8 rows move as bytes)."""
+    return from_byte_rows(byte_rows(_flat_rows(cache)).index_select(0, slots), cache.dtype)
 
 
 def _slot_ids(block_table_rows: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
@@ -37,12 +47,13 @@ def _slot_ids(block_table_rows: torch.Tensor, num_blocks: int, block_size: int) 
 class _DecodePlan:
     """Batched decode: one query row per request.
 
-    In float32 with the native kernel built (kernels/cpu_native.py) the caches are
-    read in place through the block table; otherwise each layer gathers the
-    contexts, padded to the longest, and runs SDPA on the copies. With a sliding
-    window, a row attends to its last `window` positions only, and neither path
-    reads the positions before them: a sliding KV cache group has released their
-    blocks, whose table entries are stale ids or the null block."""
+    With float32 queries and the native kernel built (kernels/cpu_native.py) the
+    caches (float32, bfloat16 or fp8) are read in place through the block table;
+    otherwise each layer gathers the contexts, padded to the longest, and runs SDPA
+    on the copies. With a sliding window, a row attends to its last `window`
+    positions only, and neither path reads the positions before them: a sliding KV
+    cache group has released their blocks, whose table entries are stale ids or the
+    null block."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int,
                  num_cache_blocks: int, window: int | None = None) -> None:
@@ -85,8 +96,7 @@ class _DecodePlan:
         slots, mask = self._gather_plan()
         batch, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]
-        k, v = (_flat_rows(cache).index_select(0, slots)
-                .view(batch, self.span, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        k, v = (_gather(cache, slots).view(batch, self.span, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
                 for cache in (key_cache, value_cache))
         o = F.scaled_dot_product_attention(query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim),
                                            k, v, attn_mask=mask, scale=scale)
@@ -124,9 +134,8 @@ class _PrefillPlan:
         q_len, num_heads, head_dim = q.shape
         num_kv_heads = key_cache.shape[2]
         group = num_heads // num_kv_heads
-        k, v = (_flat_rows(cache).index_select(0, self.slots)
-                .view(self.seq_len - self.first, num_kv_heads, head_dim).to(q.dtype).transpose(0, 1)
-                for cache in (key_cache, value_cache))
+        k, v = (_gather(cache, self.slots).view(self.seq_len - self.first, num_kv_heads, head_dim).to(q.dtype)
+                .transpose(0, 1) for cache in (key_cache, value_cache))
         # Inputs are 4-D ([1, heads, rows, D]): torch's CPU flash attention takes only batched ones,
         # 3-D inputs fall back to its math path (bmm, softmax, mask fix-ups: ~2.5x slower here, and
         # most of a prefill step's time).
@@ -195,4 +204,5 @@ class KVStorePlan:
                 return
             key, value = key[self.rows], value[self.rows]
         for src, cache in ((key, key_cache), (value, value_cache)):
-            _flat_rows(cache).index_copy_(0, self.slots, src.reshape(src.shape[0], -1).to(cache.dtype))
+            rows = quantize(src.reshape(src.shape[0], -1), cache.dtype)
+            byte_rows(_flat_rows(cache)).index_copy_(0, self.slots, byte_rows(rows))

@@ -11,6 +11,10 @@ values. Which keys a row may see is the caller's to say, at compile time:
     CAUSAL        row r sees positions <= q_pos[r] (and < bound)   prefill diagonal tiles
     BOUNDED       every row sees positions < bound                 decode, ragged ends
     neither       every key of the tile is visible                 prefill tiles before the diagonal
+
+The caches may hold another dtype than the query (bfloat16, or fp8 with a scale of 1.0:
+kernels/kv_quant.py): each K and V tile is converted to the query's dtype as it is loaded, so an
+fp8 cache is dequantized in the inner loop and its tiles cost a quarter of float32's bytes.
 """
 from __future__ import annotations
 

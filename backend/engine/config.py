@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
+# auto: the model's dtype. fp8 is vLLM's name for fp8_e4m3; both fp8 formats store one byte per
+# value with a per-tensor scale of 1.0, clamped to the format's range (kernels/kv_quant.py).
+KV_CACHE_DTYPES = (*_DTYPES, "fp8", "fp8_e4m3", "fp8_e5m2")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _QUANTIZATION = ("none", "int8", "int4")  # = models/quantize.py's modes (that module needs torch)
-_DEFAULT_CPU_KV_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,7 +41,8 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
-    # KV budget: an explicit block count wins, then bytes, then the GPU utilisation fraction.
+    # KV budget: an explicit block count wins, then bytes, then the GPU utilisation fraction on CUDA
+    # or a share of the RAM available after the weights on the CPU (kv_cache/kv_budget.py).
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -73,8 +76,8 @@ class EngineConfig:
             raise ValueError("model: a model directory is required")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype: must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in _DTYPES:
-            raise ValueError(f"kv_cache_dtype: must be one of {_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in _ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend: must be one of {_ATTENTION_BACKENDS}, got {self.attention_backend!r}")
@@ -106,10 +109,6 @@ class EngineConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or Path(self.model).name
-
-    @property
-    def default_kv_bytes(self) -> int:
-        return _DEFAULT_CPU_KV_BYTES
 
     @classmethod
     def field_names(cls) -> list[str]:

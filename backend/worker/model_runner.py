@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.backend.engine import EngineConfig, SchedulerOutput
-from kvserve.backend.kv_cache import (CudaMemoryProfile, blocks_for_request, describe, kv_budget_bytes, layer_slots,
-                                      plan_groups, profile_query_lens)
+from kvserve.backend.kv_cache import (CudaMemoryProfile, blocks_for_request, cpu_kv_budget, describe, kv_budget_bytes,
+                                      layer_slots, plan_groups, profile_query_lens, read_host_memory)
 from kvserve.backend.models import (ArchConfig, load_arch_config, load_model, pack_linears, quantize_model,
                                     wants_cpu_linear)
 from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
+from kvserve.backend.worker.kv_cache_tensors import allocate_kv_tensor, kv_element_bytes, resolve_kv_dtype
 from kvserve.backend.worker.ops import select_ops
 
 log = logging.getLogger("kvserve.engine")
@@ -103,15 +104,15 @@ class ModelRunner:
             pack_linears(self.model, block_codes)
         self.ops = select_ops(config.attention_backend, self.device)
         self.block_size = config.block_size
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         self.memory_profile: CudaMemoryProfile | None = None
         # Layers by attention type (kv_cache/kv_groups.py): layer j of every group uses KV tensor j.
         self.kv_groups = plan_groups([arch.layer_window(i) for i in range(arch.num_hidden_layers)])
         self.layer_slots = layer_slots(self.kv_groups, arch.num_hidden_layers)
         self.num_blocks = self._plan_kv_blocks(cuda_start)
         shape = (self.num_blocks, self.block_size, arch.num_key_value_heads, arch.head_dim)
-        tensors = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                    torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+        tensors = [(allocate_kv_tensor(shape, self.kv_dtype, self.device),
+                    allocate_kv_tensor(shape, self.kv_dtype, self.device))
                    for _ in self.kv_groups[0].layers]
         self.kv_caches = [tensors[j] for _, j in self.layer_slots]
         self.num_steps = 0
@@ -122,7 +123,7 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.arch.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
+        return self.arch.kv_bytes_per_token(kv_element_bytes(self.kv_dtype))
 
     @property
     def block_bytes(self) -> int:
@@ -143,10 +144,13 @@ class ModelRunner:
             num_blocks = budget // block_bytes
             log.info(describe(self.memory_profile, cfg.gpu_memory_utilization, num_blocks * block_bytes))
         else:
-            # CPU: enough for every sequence at full length, at most the default budget.
+            # CPU: a share of the RAM left after the weights, at most every sequence at full length.
             per_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
-            wanted = cfg.max_num_seqs * per_request * block_bytes
-            num_blocks = min(wanted, cfg.default_kv_bytes) // block_bytes + 1
+            host = read_host_memory()
+            budget = cpu_kv_budget(host and host.available, cfg.max_num_seqs * per_request * block_bytes,
+                                   host.source if host else "")
+            log.info("CPU KV cache size: %s; --kv-cache-memory sets it", budget.reason)
+            num_blocks = budget.bytes // block_bytes + 1
         num_blocks = int(num_blocks)
         one_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
         if num_blocks < 2 or num_blocks - 1 < one_request:
@@ -155,12 +159,14 @@ class ModelRunner:
                 f"of {max(num_blocks - 1, 0)} blocks ({block_bytes} bytes each); raise --kv-cache-memory or "
                 f"lower --max-model-len")
         windows = sorted({g.window for g in self.kv_groups if g.window is not None})
-        log.info("KV cache: %d groups of %d layers (%d full, %d sliding%s), %d blocks of %d tokens "
-                 "(%d bytes each, %.1f MiB); one %d-token request holds %d blocks",
+        log.info("KV cache: %s, %d groups of %d layers (%d full, %d sliding%s), %d blocks of %d tokens "
+                 "(%d bytes each, %.1f MiB, %d tokens); one %d-token request holds %d blocks",
+                 str(self.kv_dtype).removeprefix("torch."),
                  len(self.kv_groups), len(self.kv_groups[0].layers),
                  sum(g.window is None for g in self.kv_groups), sum(g.window is not None for g in self.kv_groups),
                  f", window {windows[0]}" if windows else "", num_blocks - 1, self.block_size, block_bytes,
-                 num_blocks * block_bytes / 2**20, self.max_model_len, one_request)
+                 num_blocks * block_bytes / 2**20, (num_blocks - 1) * self.block_size, self.max_model_len,
+                 one_request)
         return num_blocks
 
     def _capture_graphs(self):

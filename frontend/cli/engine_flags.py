@@ -80,7 +80,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--gpu-memory-utilization", "fraction of GPU memory the engine may use (CUDA)", fraction),
     EngineFlag("--kv-cache-memory", "KV cache size in bytes (8GiB, 512MiB, ...); skips memory profiling", parse_bytes),
     EngineFlag("--num-kv-blocks", "KV cache size in blocks (overrides --kv-cache-memory)", positive_int),
-    EngineFlag("--kv-cache-dtype", "KV cache dtype", choices=("auto", "float32", "float16", "bfloat16")),
+    EngineFlag("--kv-cache-dtype", "KV cache dtype; auto: the model's; fp8 (= fp8_e4m3) and fp8_e5m2 keep one "
+               "byte per value (4x float32's tokens in the same memory), per-tensor scale 1.0, clamped to range",
+               choices=("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")),
     EngineFlag("--stream-interval", "new tokens per streamed response (first and last never wait); "
                "more means less serving work per token under load", positive_int),
     EngineFlag("--cpu-reserved-cores", "CPU cores the engine's threads leave to the gateway, its transport and "

@@ -1,6 +1,8 @@
-"""Accuracy cost of `--quantization`: greedy agreement with the unquantized engine, and perplexity of a fixed text.
+"""Accuracy cost of `--quantization` and `--kv-cache-dtype`: greedy agreement with the unquantized engine, and
+perplexity of a fixed text.
 
     python -m kvserve.loadtests.studies.quant_accuracy --model DIR [--modes int8 int4]
+    python -m kvserve.loadtests.studies.quant_accuracy --model DIR --kv-dtypes fp8_e4m3 fp8_e5m2 bfloat16
 
 For each mode (and for `none`, the reference, in `--dtype`):
 - greedy agreement: 16 fixed prompts x 64 tokens (EOS ignored) against the
@@ -8,6 +10,11 @@ For each mode (and for `none`, the reference, in `--dtype`):
   length of the common prefix, and the share of positions that agree;
 - perplexity of a fixed text (default: the corpus shipped with kvserve, or
   `--text FILE`), teacher-forced, in windows of `--window` tokens.
+With `--kv-dtypes` (and no `--modes`, unless given too) the weights stay unquantized and only the
+KV cache's dtype changes, against the reference's `auto` (the model's dtype): the perplexity windows
+are prefills whose attention reads the keys and values back from the cache, so they pay its rounding
+as decode steps do. Then also printed: the largest |K| and |V| the reference stored (fp8's scale of
+1.0 needs them inside e4m3's range, 448) and the tokens each cache dtype fits in `--memory`.
 Offline and deterministic: one process, no server.
 """
 from __future__ import annotations
@@ -42,6 +49,7 @@ PROMPTS = [
     "A haiku about autumn leaves:",
 ]
 _DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "backend" / "models" / "corpus.txt"
+_KV_DTYPES = ("fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 
 
 def greedy_tokens(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -87,11 +95,36 @@ def perplexity(llm: LLM, ids: list[int], window: int) -> float:
     return math.exp(nll / count)
 
 
+def _record_extremes(llm: LLM) -> dict[str, float]:
+    """Wrap the engine's KV store to keep the largest |K| and |V| it is handed."""
+    ops, seen = llm.engine.runner.ops, {"k": 0.0, "v": 0.0}
+    store = ops.store_kv
+
+    def recording(key, value, key_cache, value_cache, slot_mapping):
+        seen["k"] = max(seen["k"], float(key.abs().max()))
+        seen["v"] = max(seen["v"], float(value.abs().max()))
+        store(key, value, key_cache, value_cache, slot_mapping)
+
+    ops.store_kv = recording
+    return seen
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(result name, engine arguments): the reference first, then each weight mode and KV dtype."""
+    modes = args.modes if args.modes is not None else ([] if args.kv_dtypes else ["int8", "int4"])
+    return [("none", {}), *((m, {"quantization": m}) for m in modes),
+            *((f"kv:{d}", {"kv_cache_dtype": d}) for d in args.kv_dtypes)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvserve.loadtests.studies.quant_accuracy",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model folder")
-    p.add_argument("--modes", nargs="+", default=["int8", "int4"], choices=("int8", "int4"))
+    p.add_argument("--modes", nargs="+", default=None, choices=("int8", "int4"),
+                   help="weight modes (default: int8 int4, or none with --kv-dtypes)")
+    p.add_argument("--kv-dtypes", nargs="+", default=[], choices=_KV_DTYPES,
+                   help="KV cache dtypes to compare with the model's own")
+    p.add_argument("--memory", type=int, default=4 * 2 ** 30, help="KV bytes whose token count --kv-dtypes prints")
     p.add_argument("--dtype", default="float32", help="dtype of the reference and of the quantized engines")
     p.add_argument("--prompts", type=int, default=16, help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
@@ -109,14 +142,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: dict[str, dict] = {}
     ref_tokens = None
-    for mode in ["none", *args.modes]:
-        llm = LLM(model=args.model, dtype=args.dtype, quantization=mode, max_num_seqs=args.prompts,
-                  max_model_len=max(args.window + 1, 1024))
+    for mode, engine_args in _variants(args):
+        llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=args.prompts,
+                  max_model_len=max(args.window + 1, 1024), **engine_args)
+        runner = llm.engine.runner
+        extremes = _record_extremes(llm) if mode == "none" and args.kv_dtypes else None
         tok = llm.get_tokenizer()
         prompts = [tok.encode(p) for p in PROMPTS[:args.prompts]]
         text_ids = tok.encode(Path(args.text).read_text(encoding="utf-8"))[:args.max_text_tokens]
         tokens = greedy_tokens(llm, prompts, args.tokens)
-        row = {"perplexity": perplexity(llm, text_ids, args.window), "text_tokens": len(text_ids)}
+        row = {"perplexity": perplexity(llm, text_ids, args.window), "text_tokens": len(text_ids),
+               "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
+               "kv_tokens_in_memory": args.memory // runner.block_bytes * runner.block_size}
+        if extremes is not None:
+            row.update(max_abs_k=extremes["k"], max_abs_v=extremes["v"])
         if ref_tokens is None:
             ref_tokens = tokens
         else:
@@ -126,13 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"quantization accuracy: {args.model} ({args.dtype} reference), {args.prompts} prompts x {args.tokens} "
           f"greedy tokens, perplexity of {Path(args.text).name} ({results['none']['text_tokens']} tokens, "
           f"windows of {args.window})")
-    print(f"  {'mode':6} {'perplexity':>10} {'identical':>10} {'common prefix':>14} {'positions':>10}")
+    ref = results["none"]
+    if args.kv_dtypes:
+        print(f"  reference KV cache {ref['kv_dtype']}: largest |K| stored {ref['max_abs_k']:.1f}, "
+              f"|V| {ref['max_abs_v']:.1f} (fp8 e4m3's range: 448); KV tokens in {args.memory / 2 ** 30:g} GiB")
+    kv = args.kv_dtypes
+    print(f"  {'mode':11} {'perplexity':>10} {'vs ref':>7} {'identical':>10} {'common prefix':>14} {'positions':>10}"
+          + (f" {'KV tokens':>10}" if kv else ""))
     for mode, r in results.items():
+        tokens = f" {r['kv_tokens_in_memory']:10,}" if kv else ""
         if mode == "none":
-            print(f"  {mode:6} {r['perplexity']:10.3f} {'(reference)':>10}")
+            print(f"  {mode:11} {r['perplexity']:10.3f} {'':>7} {'(reference)':>10} {'':>14} {'':>10}{tokens}")
         else:
-            print(f"  {mode:6} {r['perplexity']:10.3f} {r['identical']:>5}/{r['prompts']:<4} "
-                  f"{r['mean_common_prefix']:11.1f}/{args.tokens:<2} {100 * r['position_agreement']:9.1f}%")
+            change = 100 * (r["perplexity"] / ref["perplexity"] - 1)
+            print(f"  {mode:11} {r['perplexity']:10.3f} {change:+6.2f}% {r['identical']:>5}/{r['prompts']:<4} "
+                  f"{r['mean_common_prefix']:11.1f}/{args.tokens:<2} {100 * r['position_agreement']:9.1f}%{tokens}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"model": args.model, "config": vars(args), "results": results},
                                                    indent=2))

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.engine.config import KV_CACHE_DTYPES, EngineConfig
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS
 from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
@@ -73,3 +73,9 @@ def test_engine_flags_are_engine_config_fields() -> None:
             assert flag.env in (ROOT / _PROCESS_SETTINGS[flag.field]).read_text(), flag.flag
         else:
             assert flag.field in fields, f"{flag.flag} is exported as {flag.env} but EngineConfig has no {flag.field}"
+
+
+def test_kv_cache_dtype_choices_are_the_engines() -> None:
+    """The gateway's --kv-cache-dtype choices (it may not import the engine) are EngineConfig's."""
+    flag = next(f for f in ENGINE_FLAGS if f.flag == "--kv-cache-dtype")
+    assert tuple(flag.choices) == KV_CACHE_DTYPES

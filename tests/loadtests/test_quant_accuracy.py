@@ -34,3 +34,17 @@ def test_command_reports_every_mode(llama_dir, tmp_path, capsys):
     for mode in ("int8", "int4"):
         assert doc[mode]["prompts"] == 3 and 0 <= doc[mode]["identical"] <= 3
         assert 0.0 <= doc[mode]["position_agreement"] <= 1.0 and doc[mode]["perplexity"] > 1.0
+
+
+def test_command_reports_kv_cache_dtypes(llama_dir, tmp_path, capsys):
+    out = tmp_path / "kv.json"
+    rc = quant_accuracy.main(["--model", llama_dir, "--prompts", "3", "--tokens", "5", "--max-text-tokens", "80",
+                              "--window", "32", "--kv-dtypes", "fp8_e4m3", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "kv:fp8_e4m3" in text and "largest |K| stored" in text and "int8" not in text
+    doc = json.loads(out.read_text())["results"]
+    assert set(doc) == {"none", "kv:fp8_e4m3"}
+    assert doc["none"]["kv_dtype"] == "float32" and doc["kv:fp8_e4m3"]["kv_dtype"] == "float8_e4m3fn"
+    assert doc["kv:fp8_e4m3"]["kv_tokens_in_memory"] == 4 * doc["none"]["kv_tokens_in_memory"]
+    assert doc["none"]["max_abs_k"] > 0 and doc["kv:fp8_e4m3"]["perplexity"] > 1.0

@@ -1,11 +1,13 @@
-"""--gpu-memory-utilization arithmetic (backend/kv_cache/kv_budget.py) and the runner's profile step, on the CPU."""
+"""KV budget arithmetic (backend/kv_cache/kv_budget.py): --gpu-memory-utilization, the CPU's default
+size, and the runner's profile step, on the CPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kvserve.backend.engine.config import EngineConfig
-from kvserve.backend.kv_cache.kv_budget import CudaMemoryProfile, describe, kv_budget_bytes, profile_query_lens
+from kvserve.backend.kv_cache.kv_budget import (CPU_KV_FALLBACK_BYTES, CudaMemoryProfile, cpu_kv_budget, describe,
+                                                kv_budget_bytes, profile_query_lens)
 from kvserve.backend.worker.model_runner import ModelRunner
 
 GIB = 2 ** 30
@@ -60,3 +62,25 @@ def test_profile_step_is_the_schedulers_largest_step():
     assert profile_query_lens(37, 5, 64) == [8, 8, 7, 7, 7]          # as even as possible
     assert profile_query_lens(2048, 3, 8) == [8, 8, 8]              # no request past the context
     assert profile_query_lens(4, 64, 4096) == [1, 1, 1, 1]           # fewer tokens than sequences
+
+
+def test_cpu_default_is_half_the_ram_available_after_the_weights():
+    budget = cpu_kv_budget(available=13 * GIB, wanted=40 * GIB)
+    assert budget.bytes == int(6.5 * GIB)
+    assert "6.50 GiB = 0.5 x the 13.00 GiB of RAM available after the weights (MemAvailable)" == budget.reason
+    # A container's headroom, named as its source.
+    assert "(cgroup memory.max)" in cpu_kv_budget(2 * GIB, 40 * GIB, "cgroup memory.max").reason
+
+
+def test_cpu_default_never_exceeds_every_sequence_at_full_length():
+    # 64 sequences of 8192 tokens of SmolLM2 in float32 (45 KiB a token): 22.5 GiB, more than half of 24.
+    assert cpu_kv_budget(24 * GIB, 64 * 8192 * 46080).bytes == 12 * GIB
+    # A test engine's small model and context: what it can use, not GiBs it never touches.
+    small = cpu_kv_budget(24 * GIB, 16 * 256 * 512)
+    assert small.bytes == 16 * 256 * 512 and small.reason.startswith("0.00 GiB, every sequence at full length")
+
+
+def test_cpu_default_without_the_hosts_memory_is_the_fallback():
+    budget = cpu_kv_budget(None, 40 * GIB)
+    assert budget.bytes == CPU_KV_FALLBACK_BYTES and "could not be read" in budget.reason
+    assert cpu_kv_budget(None, 1024).bytes == 1024
