@@ -55,6 +55,24 @@ void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t 
     }
 }
 
+/* out [rows, d] = gelu_tanh(x[:, :d]) * x[:, d:2d] (Gemma's GeGLU), x rows `x_stride` floats apart.
+ * gelu_tanh(g) = g (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (g + 0.044715 g^3), which is
+ * g / (1 + exp(-2u)): silu's form, so the same vectorizable exp serves. */
+void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                                   int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t row = 0; row < rows; ++row) {
+        const float *gate = x + row * x_stride, *up = gate + d;
+        float *o = out + row * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) {
+            const float g = gate[i];
+            const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+            o[i] = g / (1.0f + kvserve_exp(-2.0f * u)) * up[i];
+        }
+    }
+}
+
 /* Rotary embedding in place on x [rows][heads][...]: the first 2 * half values of each head turn by
  * the row's angles, cos [rows][half] and sin [rows][half]. Neox style pairs (i, i + half);
  * interleaved (GPT-J) style pairs (2i, 2i + 1). In torch this is ~15 operations per layer. */

@@ -99,8 +99,9 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_kv_to_f32.restype = None
     lib.kvserve_rms_norm_f32.argtypes = [p, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     lib.kvserve_rms_norm_f32.restype = None
-    lib.kvserve_silu_and_mul_f32.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
-    lib.kvserve_silu_and_mul_f32.restype = None
+    for gated in (lib.kvserve_silu_and_mul_f32, lib.kvserve_gelu_tanh_and_mul_f32):
+        gated.argtypes = [p, p, i64, i64, i64, ctypes.c_int]
+        gated.restype = None
     lib.kvserve_rotary_f32.argtypes = [p, i64, i64, i64, i64, p, p, i64, ctypes.c_int, ctypes.c_int]
     lib.kvserve_rotary_f32.restype = None
     lib.kvserve_sample_rows_f32.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
@@ -237,15 +238,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out if residual is None else (out, residual_out)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
-    """`silu_and_mul_torch` for float32 CPU rows [T, 2d] (unit column stride), else None."""
+def _gated_and_mul(x: torch.Tensor, kernel: str) -> torch.Tensor | None:
     lib = _library()
     if lib is None or not _rows_ok(x) or x.shape[1] % 2:
         return None
     rows, d = x.shape[0], x.shape[1] // 2
     out = torch.empty(rows, d)
-    lib.kvserve_silu_and_mul_f32(x.data_ptr(), out.data_ptr(), rows, d, x.stride(0), _threads(rows * d))
+    getattr(lib, kernel)(x.data_ptr(), out.data_ptr(), rows, d, x.stride(0), _threads(rows * d))
     return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """`silu_and_mul_torch` for float32 CPU rows [T, 2d] (unit column stride), else None."""
+    return _gated_and_mul(x, "kvserve_silu_and_mul_f32")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """gelu(x[:, :d], approximate="tanh") * x[:, d:] for float32 CPU rows [T, 2d] (unit column
+    stride), else None."""
+    return _gated_and_mul(x, "kvserve_gelu_tanh_and_mul_f32")
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> bool:

@@ -1,4 +1,4 @@
-"""SiLU-and-mul, the gated MLP activation: silu(x[..., :d]) * x[..., d:].
+"""SiLU-and-mul, the gated MLP activation: silu(x[..., :d]) * x[..., d:] (and GeGLU's reference).
 
 In torch this is three passes over memory (slice-silu, multiply, plus the
 temporaries); the fused kernel reads the gate/up row once and writes once.
@@ -17,6 +17,12 @@ def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     """Reference and CPU path: x [..., 2d] -> [..., d]."""
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def gelu_and_mul_torch(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """GeGLU (Gemma's MLP activation), the reference: gelu(x[..., :d]) * x[..., d:]."""
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
 
 
 @jit

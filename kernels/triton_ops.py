@@ -17,7 +17,7 @@ from kvserve.kernels.paged_decode_attention import paged_decode_attention_triton
 from kvserve.kernels.paged_prefill_attention import paged_prefill_attention_triton
 from kvserve.kernels.rms_norm import rms_norm_triton
 from kvserve.kernels.rotary import rotary_embedding_triton
-from kvserve.kernels.silu_and_mul import silu_and_mul_triton
+from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_triton
 
 
 class TritonOps:
@@ -44,3 +44,6 @@ class TritonOps:
 
     def silu_and_mul(self, x):
         return silu_and_mul_triton(x)
+
+    def gelu_and_mul(self, x, approximate: str):
+        return gelu_and_mul_torch(x, approximate)  # no Triton kernel yet: Gemma's MLP runs it in torch

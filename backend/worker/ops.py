@@ -1,4 +1,4 @@
-"""The four hot-path operations of the decoder, behind one interface.
+"""The hot-path operations of the decoder, behind one interface.
 
 `TorchOps` is the CPU path (and the reference); `TritonOps` routes the same
 calls through the Triton kernels in `kvserve.kernels`. The model calls only
@@ -17,7 +17,7 @@ from kvserve.kernels import cpu_native
 from kvserve.kernels.cpu_paged_attention import KVStorePlan, PagedAttentionPlan
 from kvserve.kernels.rms_norm import rms_norm_torch
 from kvserve.kernels.rotary import rotary_embedding_torch, rotate_torch
-from kvserve.kernels.silu_and_mul import silu_and_mul_torch
+from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
 class TorchOps:
@@ -50,7 +50,7 @@ class TorchOps:
         return plan.run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):
-        if x.dim() == 2:  # the decoder's [T, hidden] rows; per-head q/k norms keep torch
+        if x.dim() == 2:  # rows: the decoder's [T, hidden], or per-head norms as [T * heads, head_dim]
             fused = cpu_native.rms_norm(x, weight, eps, residual)
             if fused is not None:
                 return fused
@@ -59,6 +59,10 @@ class TorchOps:
     def silu_and_mul(self, x):
         fused = cpu_native.silu_and_mul(x)
         return fused if fused is not None else silu_and_mul_torch(x)
+
+    def gelu_and_mul(self, x, approximate: str):
+        fused = cpu_native.gelu_tanh_and_mul(x) if approximate == "tanh" else None
+        return fused if fused is not None else gelu_and_mul_torch(x, approximate)
 
     def rotary(self, positions, query, key, cos_sin_cache, is_neox: bool) -> None:
         r = self._rotary

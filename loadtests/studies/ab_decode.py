@@ -28,7 +28,7 @@ from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
 from kvserve.kernels.rms_norm import rms_norm_torch
 from kvserve.kernels.rotary import rotary_embedding_torch
-from kvserve.kernels.silu_and_mul import silu_and_mul_torch
+from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
 VARIANTS = ("ref", "cur", "unpacked", "int8", "int4")
@@ -55,6 +55,9 @@ class ReferenceOps:
 
     def silu_and_mul(self, x):
         return silu_and_mul_torch(x)
+
+    def gelu_and_mul(self, x, approximate):
+        return gelu_and_mul_torch(x, approximate)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The native CPU RMSNorm and SiLU-and-mul give the torch references' results within float32 rounding."""
+"""The native CPU RMSNorm, SiLU-and-mul and GeGLU give the torch references' results within float32 rounding."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from kernel_test_inputs import assert_close
 from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 from kvserve.kernels.rms_norm import rms_norm_torch
-from kvserve.kernels.silu_and_mul import silu_and_mul_torch
+from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernels are not built")
 
@@ -47,12 +47,24 @@ def test_silu_and_mul_matches_reference_over_the_whole_range(rows):
     assert_close(cpu_native.silu_and_mul(x), silu_and_mul_torch(x), torch.float32)
 
 
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_gelu_tanh_and_mul_matches_reference_over_the_whole_range(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * 2048, generator=gen) * 6
+    x[0, :6] = torch.tensor([-200.0, -30.0, -9.0, 9.0, 30.0, 200.0])  # where exp(-2u) leaves float32's range
+    got = cpu_native.gelu_tanh_and_mul(x)
+    assert_close(got, gelu_and_mul_torch(x, "tanh"), torch.float32)
+    assert_close(TorchOps().gelu_and_mul(x, "tanh"), got, torch.float32)
+    assert torch.equal(TorchOps().gelu_and_mul(x, "none"), gelu_and_mul_torch(x, "none"))  # exact gelu: torch's
+
+
 def test_unsupported_inputs_keep_the_torch_path():
     """bfloat16, 3-D per-head norms and odd widths are not the kernels' case: TorchOps falls back."""
     ops = TorchOps()
     x16 = torch.randn(4, 64, dtype=torch.bfloat16)
     assert cpu_native.rms_norm(x16, torch.ones(64, dtype=torch.bfloat16), 1e-6) is None
     assert cpu_native.silu_and_mul(torch.randn(4, 7)) is None
+    assert cpu_native.gelu_tanh_and_mul(torch.randn(4, 7)) is None
     heads = torch.randn(4, 3, 64)
     assert torch.equal(ops.rms_norm(heads, torch.ones(64), 1e-6), rms_norm_torch(heads, torch.ones(64), 1e-6))
     assert torch.equal(ops.silu_and_mul(x16), silu_and_mul_torch(x16))
