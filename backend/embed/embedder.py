@@ -6,6 +6,7 @@ runs it. Who runs together is the batcher's business (embed_batcher.py).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class EmbedderConfig:
     served_model_name: str = "embed"
     dtype: str = "float32"  # fp32 by default: the model is small and cosine parity is the contract
     device: str = "auto"
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_model_len: int | None = None  # default: the model's max_seq_length, else max_position_embeddings
     max_num_seqs: int = 256           # inputs per forward pass
     max_num_batched_tokens: int = 16384
     max_inputs_per_request: int = MAX_EMBEDDING_INPUTS
@@ -62,6 +63,24 @@ class EmbedderConfig:
         return cls(**parsed)
 
 
+def model_input_limit(model_dir: Path, max_position_embeddings: int) -> int:
+    """The longest input the model is meant to see: sentence-transformers' `max_seq_length`
+    (sentence_bert_config.json) where the folder has one, else the position limit.
+
+    all-MiniLM-L6-v2 was trained on 256 tokens though BERT's positions go to 512; an input
+    between the two gives a vector the reference library never gives (it cuts at 256). Like
+    vLLM, kvserve takes the 256 and refuses longer inputs with a 400 naming it, unless the
+    request's truncate_prompt_tokens cuts them (then the vector equals sentence-transformers')."""
+    try:
+        config = json.loads((model_dir / "sentence_bert_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return max_position_embeddings
+    seq = config.get("max_seq_length") if isinstance(config, dict) else None
+    if isinstance(seq, int) and not isinstance(seq, bool) and 2 <= seq < max_position_embeddings:
+        return seq
+    return max_position_embeddings
+
+
 class Embedder:
     def __init__(self, config: EmbedderConfig) -> None:
         self.config = config
@@ -84,7 +103,7 @@ class Embedder:
         self._tok.no_truncation()
         self._specials = self._tok.num_special_tokens_to_add(False)
         self.vocab_size = self._tok.get_vocab_size()
-        limit = self.arch.max_position_embeddings
+        limit = model_input_limit(model_dir, self.arch.max_position_embeddings)
         self.max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
         if config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens: {config.max_num_batched_tokens} is below the longest "

@@ -2,7 +2,8 @@
 
 `max_model_len` is derived exactly as the engine derives it when no
 --max-model-len is given (the model's `max_position_embeddings`, capped by a
-sliding window), so that chat requests without `max_tokens` can default to
+sliding window, or for an embedding model by sentence-transformers'
+`max_seq_length`), so that chat requests without `max_tokens` can default to
 "up to the context limit" as in vLLM, and /v1/models can report it.
 """
 from __future__ import annotations
@@ -32,4 +33,11 @@ def derive_max_model_len(model_dir: Path | None, flag: int | None) -> int | None
     window = config.get("sliding_window")
     if uses_window and isinstance(window, int) and 0 < window < limit:
         limit = window
+    # An embedding model's own limit, as the embed model takes it (backend/embed/embedder.py).
+    try:
+        seq = json.loads((model_dir / "sentence_bert_config.json").read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        seq = None
+    if isinstance(seq, int) and not isinstance(seq, bool) and 2 <= seq < limit:
+        limit = seq
     return limit

@@ -66,7 +66,7 @@ def served(llama_dir: str, model_dir: str):
 def st_model(model_dir):
     st = pytest.importorskip("sentence_transformers")
     model = st.SentenceTransformer(model_dir, device="cpu")
-    model.max_seq_length = MAX_TOKENS
+    assert model.max_seq_length == MAX_TOKENS  # the folder's own limit, which kvserve takes too
     return model
 
 
@@ -179,6 +179,23 @@ def test_truncate_and_normalize(served, embed_name, st_model):
     assert status == 200 and abs(np.linalg.norm(body["data"][0]["embedding"]) - 1.0) > 1e-3
 
 
+def test_an_input_over_max_seq_length_is_refused_naming_it_or_cut_to_equal_sentence_transformers(
+        served, embed_name, st_model):
+    """Issue 34: a 300-token input (BERT's positions would take it, the model's max_seq_length of 256
+    does not). Without truncate_prompt_tokens a 400 names the limit; with 256 the vector is
+    sentence-transformers' own (which cuts at max_seq_length)."""
+    text = "word " * 298  # [CLS] + 298 + [SEP]
+    assert len(st_model.tokenizer(text)["input_ids"]) == 300
+    status, body = served.post("/v1/embeddings", {"model": embed_name, "input": text})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert f"maximum of {MAX_TOKENS}" in body["error"]["message"] and "truncate_prompt_tokens" in body["error"]["message"]
+    status, body = served.post("/v1/embeddings", {"model": embed_name, "input": text,
+                                                  "truncate_prompt_tokens": MAX_TOKENS})
+    assert status == 200 and body["usage"]["prompt_tokens"] == MAX_TOKENS
+    ref = st_model.encode([text], convert_to_numpy=True)
+    assert _cosines([body["data"][0]["embedding"]], ref)[0] >= MIN_COSINE
+
+
 @pytest.mark.parametrize("body, param, code", [
     ({"input": ""}, "input", None),
     ({"input": []}, "input", None),
@@ -189,7 +206,7 @@ def test_truncate_and_normalize(served, embed_name, st_model):
     ({"input": "x", "dimensions": 128}, "dimensions", None),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format", None),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens", None),
-    ({"input": "x", "truncate_prompt_tokens": 513}, "truncate_prompt_tokens", None),
+    ({"input": "x", "truncate_prompt_tokens": MAX_TOKENS + 1}, "truncate_prompt_tokens", None),
     ({"input": "x", "normalize": 1}, "normalize", None),
     ({"input": "x", "model": CHAT}, "model", "model_not_supported"),
 ])
