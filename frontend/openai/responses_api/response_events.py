@@ -104,6 +104,9 @@ class ResponseEvents:
 
     async def failed(self, writer: SseWriter, error: ApiError) -> None:
         await self._send(writer, "error", code=error.code, message=error.message, param=error.param)
+        if self.open and self.items[-1]["type"] == "message":  # what it had said, as a whole item
+            item = self.items[-1]
+            self.items[-1] = message_item(item["id"], item.pop("text"), "incomplete")
         body = self.meta.body("failed", self.items, error={"code": error.code or "server_error",
                                                            "message": error.message})
         await self._send(writer, "response.failed", response=body)
