@@ -53,9 +53,12 @@ def test_every_route_but_health_metrics_version_needs_a_key(main_server: Served)
     routes = [(m.upper(), p.replace("{model}", "tiny")) for p, item in doc["paths"].items() for m in item
               if m in ("get", "post")]
     assert len(routes) >= 10
-    unauthorized = None
+    # One 401 body per error shape: Anthropic's under /v1/messages (chosen by the path alone, known
+    # route or not, so it tells nothing either), OpenAI's everywhere else.
+    unauthorized: dict[bool, bytes] = {}
     for method, path in routes + [("GET", "/no/such/route"), ("POST", "/v1/secret-admin"), ("DELETE", "/v1/models"),
-                                  ("GET", "/v1/completions"), ("GET", "/openapi.json")]:
+                                  ("GET", "/v1/completions"), ("GET", "/openapi.json"),
+                                  ("POST", "/v1/messages/no-such"), ("DELETE", "/v1/responses/resp_x")]:
         for key in (None, "sk-wrong", MAIN_KEY[:-1], MAIN_KEY + "x"):
             reply = main_server.request(method, path, {} if method == "POST" else None, key=key)
             if path in PUBLIC:
@@ -64,9 +67,9 @@ def test_every_route_but_health_metrics_version_needs_a_key(main_server: Served)
             assert reply.status == 401, (method, path, key, reply.status)
             assert reply.headers["www-authenticate"] == "Bearer"
             # Unknown routes answer exactly like known ones: nothing to learn without a key.
-            assert unauthorized in (None, reply.body), (path, reply.body)
-            unauthorized = reply.body
-    assert b"invalid_api_key" in unauthorized
+            anthropic_shape = path == "/v1/messages" or path.startswith("/v1/messages/")
+            assert unauthorized.setdefault(anthropic_shape, reply.body) == reply.body, (path, reply.body)
+    assert b"invalid_api_key" in unauthorized[False] and b"authentication_error" in unauthorized[True]
     for key in (MAIN_KEY, *TENANT_KEYS):
         assert main_server.get("/v1/models", key=key).status == 200
         assert main_server.get("/no/such/route", key=key).status == 404
