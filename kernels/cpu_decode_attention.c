@@ -30,9 +30,13 @@
  *
  *   bfloat16  b              -> float32 bits b << 16
  *   fp8 e5m2  c              -> float16 bits c << 8 (e5m2 is float16's top byte)     -> float32
- *   fp8 e4m3  c = s eeee mmm -> float16 bits s 0eeee mmm0000000 = c's value * 2^-8  -> float32 * 256
+ *   fp8 e4m3  c = s eeee mmm -> float16 bits s 0eeee mmm0000000 = c's value * 2^-8  -> float32
  *
- * (the float16 -> float32 step is the hardware's, subnormals included); the scalar path reads a
+ * (the float16 -> float32 step is the hardware's, subnormals included). e4m3's values come out
+ * 2^-8 times too small: the scores' scale and the output's normalisation take the 256 back, exact
+ * powers of two, instead of one multiply per value. A chunk's keys are widened once into a small
+ * buffer for all the query heads that share them (values are read once per token anyway). The
+ * scalar path reads a
  * 256-entry table of the fp8 format's values that the caller passes (torch's own conversion). The
  * fp8 scale is 1.0 per tensor (kernels/kv_quant.py); e4m3's NaN codes, which the store never writes
  * (it clamps), read as +-480 on the AVX-512 path.
@@ -198,18 +202,22 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
-/* 16 cache values from element `at` on, widened to float32 (see the file's comment). */
+/* 16 cache values from element `at` on, widened to float32 (see the file's comment; e4m3's come out
+ * as value * 2^-8, E4M3_UNIT). */
 static inline __attribute__((always_inline)) __m512 load16(const int FMT, const void *cache, int64_t at) {
     if (FMT == KVSERVE_KV_F32) return _mm512_loadu_ps((const float *)cache + at);
     if (FMT == KVSERVE_KV_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + at))), 16));
-    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)cache + at)));
-    if (FMT == KVSERVE_KV_FP8_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(c, 8));
-    const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
-                                         _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
-    return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+    const __m256i top = _mm256_slli_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)cache + at))), 8);
+    if (FMT == KVSERVE_KV_FP8_E5M2) return _mm512_cvtph_ps(top);
+    /* s eeee mmm 00000000 -> s s eeee mmm 0000000 (arithmetic shift) -> s 0 eeee mmm 0000000 */
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(top, 1), _mm256_set1_epi16((short)0xbfff)));
 }
+
+/* What load16's values are in units of: e4m3's are 2^-8 of theirs. */
+#define E4M3_UNIT 256.0f
 
 /* Tokens of the chunk at t0: up to chunk_max, within t0's cache block and before len. */
 static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t block_size) {
@@ -243,6 +251,9 @@ static inline __attribute__((always_inline)) void attend_avx512(
     /* Chunks of up to 16 tokens that stay within one cache block (consecutive slots); a window
      * starting mid-block makes the chunks of its first block end at the block's end, not 16 apart. */
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
+    const float unit = FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
+    const __m512 score_scale = _mm512_set1_ps(scale * unit);
+    float kbuf[16 * 8 * 16]; /* a chunk's keys of one kv head widened: [token][NV * 16] */
     for (int64_t t0 = begin, n; t0 < len; t0 += n) {
         n = chunk_len(t0, len, chunk_max, block_size);
         const int64_t first =
@@ -261,6 +272,16 @@ static inline __attribute__((always_inline)) void attend_avx512(
         const __mmask16 valid = (__mmask16)((1u << n) - 1u);
         for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
+            const float *kf = (const float *)key_cache + kv_first; /* the chunk's keys as float32 ... */
+            int64_t k_stride = row_stride;                         /* ... token t's at kf + t * k_stride */
+            if (FMT != KVSERVE_KV_F32) {
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < NV; j++)
+                        _mm512_storeu_ps(kbuf + t * head_dim + j * 16,
+                                         load16(FMT, key_cache, kv_first + t * row_stride + j * 16));
+                kf = kbuf;
+                k_stride = head_dim;
+            }
             float p[4][16];
             __m512 a[4][8]; /* [G][NV]: G <= 4, NV <= 8 */
             for (int i = 0; i < G; i++) {
@@ -271,10 +292,10 @@ static inline __attribute__((always_inline)) void attend_avx512(
                     if (t < n)
                         for (int j = 0; j < NV; j++)
                             dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + h * head_dim + j * 16),
-                                                  load16(FMT, key_cache, kv_first + t * row_stride + j * 16), dot);
+                                                  _mm512_loadu_ps(kf + t * k_stride + j * 16), dot);
                     part[t] = dot;
                 }
-                const __m512 scores = _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale));
+                const __m512 scores = _mm512_mul_ps(sum_lanes16(part), score_scale);
                 const float top = _mm512_mask_reduce_max_ps(valid, scores);
                 const float new_max = mx[h] > top ? mx[h] : top;
                 const float correction = kvserve_exp(mx[h] - new_max); /* ~0 on the first chunk */
@@ -298,7 +319,7 @@ static inline __attribute__((always_inline)) void attend_avx512(
         }
     }
     for (int64_t i = 0; i < heads; i++) {
-        const __m512 inv = _mm512_set1_ps(1.0f / sum[i]);
+        const __m512 inv = _mm512_set1_ps(unit / sum[i]);
         for (int j = 0; j < NV; j++) _mm512_storeu_ps(oh + i * head_dim + j * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + i * head_dim + j * 16), inv));
     }
 }
@@ -412,8 +433,9 @@ void kvserve_kv_to_f32(const void *src, int kv_format, const float *values, int6
     for (; i + 16 <= n; i += 16) {
         const __m512 x = kv_format == KVSERVE_KV_F32    ? load16(KVSERVE_KV_F32, src, i)
                          : kv_format == KVSERVE_KV_BF16 ? load16(KVSERVE_KV_BF16, src, i)
-                         : kv_format == KVSERVE_KV_FP8_E4M3 ? load16(KVSERVE_KV_FP8_E4M3, src, i)
-                                                            : load16(KVSERVE_KV_FP8_E5M2, src, i);
+                         : kv_format == KVSERVE_KV_FP8_E4M3
+                             ? _mm512_mul_ps(load16(KVSERVE_KV_FP8_E4M3, src, i), _mm512_set1_ps(E4M3_UNIT))
+                             : load16(KVSERVE_KV_FP8_E5M2, src, i);
         _mm512_storeu_ps(out + i, x);
     }
 #endif

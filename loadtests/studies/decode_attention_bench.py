@@ -1,13 +1,14 @@
 """Time the native CPU decode attention (kernels/cpu_decode_attention.c) over one decode step's layers.
 
-    .venv/bin/python loadtests/studies/decode_attention_bench.py --batch 16 --context 320 [--resident]
+    .venv/bin/python loadtests/studies/decode_attention_bench.py --batch 16 --context 320 [--resident] \
+        [--kv-dtype float32|bfloat16|fp8_e4m3|fp8_e5m2]
 
 Every layer has its own cache blocks, placed at random through the cache as a long-running
 server's free list leaves them; --resident gives every layer the same blocks, so that the K/V
 stays in the CPU's caches and the time is the kernel's arithmetic. SmolLM2-135M's shapes by
 default (9 query heads, 3 kv heads of 64, 30 layers). Prints ms per step (best of --rounds)
 and the K/V bytes over that time, beside `torch.sum` over as many bytes (what this machine
-streams). To compare kernels, run it on two commits. One-off measurement, not installed.
+streams). --kv-dtype stores the caches in that dtype (the kernel widens them as it loads them). To compare kernels, run it on two commits. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 import torch
 
 from kvserve.kernels import cpu_native
+from kvserve.kernels.kv_quant import KV_DTYPES, quantize
 
 
 def main() -> None:
@@ -30,6 +32,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--resident", action="store_true", help="every layer reads the same blocks")
+    p.add_argument("--kv-dtype", default="float32", choices=("float32", "bfloat16", "fp8_e4m3", "fp8_e5m2"))
     args = p.parse_args()
     if not cpu_native.available():
         raise SystemExit("the native kernels are not built here (no C compiler)")
@@ -38,7 +41,8 @@ def main() -> None:
     per_layer = args.batch * per_request
     num_blocks = per_layer * (1 if args.resident else args.layers)
     shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
-    key_cache, value_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    kv_dtype = KV_DTYPES[args.kv_dtype]
+    key_cache, value_cache = (quantize(torch.randn(shape, generator=gen), kv_dtype) for _ in range(2))
     order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     tables = [order[(0 if args.resident else layer) * per_layer:][:per_layer].view(args.batch, per_request).contiguous()
               for layer in range(args.layers)]
@@ -56,13 +60,14 @@ def main() -> None:
         started = time.perf_counter()
         step()
         best = min(best, time.perf_counter() - started)
-    kv_bytes = 2 * args.batch * args.context * args.kv_heads * args.head_dim * 4 * args.layers
+    kv_bytes = 2 * args.batch * args.context * args.kv_heads * args.head_dim * key_cache.element_size() * args.layers
     stream = torch.randn(kv_bytes // 4, generator=gen)
     stream.sum()
     started = time.perf_counter()
     stream.sum()
     summed = time.perf_counter() - started
-    print(f"batch {args.batch} context {args.context} ({'resident' if args.resident else 'scattered'} blocks): "
+    print(f"{args.kv_dtype} KV, batch {args.batch} context {args.context} "
+          f"({'resident' if args.resident else 'scattered'} blocks): "
           f"{best * 1e3:.2f} ms per step, {kv_bytes / 1e6:.0f} MB of K/V at {kv_bytes / best / 1e9:.1f} GB/s; "
           f"torch.sum over as many bytes {summed * 1e3:.2f} ms ({kv_bytes / summed / 1e9:.1f} GB/s)")
 
