@@ -22,6 +22,21 @@ def test_packed_linear_is_f_linear(rows):
     assert PackedLinear(w, b)(x.view(1, rows, 80)).shape == (1, rows, 96)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 65, 300])
+def test_a_few_rows_layer_keeps_no_onednn_copy_and_serves_every_row_count(rows):
+    """The logits projection: its native copy takes every step (one row per sequence), so the
+    float32 oneDNN copy is not kept where a native one exists."""
+    gen = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(96, 64, generator=gen), torch.randn(rows, 64, generator=gen)
+    layer = PackedLinear(w, None, few_rows=True)
+    if layer.native is None and layer.grid is None:
+        pytest.skip("no native kernels here: oneDNN keeps its copy")
+    assert layer.packed is None
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(layer(x.T.contiguous().T), torch.nn.functional.linear(x, w), atol=1e-4, rtol=1e-5)
+    assert layer(x.view(1, rows, 64)).shape == (1, rows, 96)
+
+
 def test_engine_packs_float32_cpu_models_only(llama_dir, monkeypatch):
     assert cpu_linear.wants_cpu_linear(torch.device("cpu"), torch.float32, "none")
     assert not cpu_linear.wants_cpu_linear(torch.device("cpu"), torch.bfloat16, "none")
