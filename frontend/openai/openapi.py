@@ -288,6 +288,8 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
         "/v1/responses/{response_id}": _stored_response(secured),
         "/v1/messages": _post("Create a message (Anthropic's Messages API; errors in Anthropic's shape, "
                               "x-api-key accepted)", "MessagesRequest", "Message", stream=True, protected=secured),
+        "/v1/messages/count_tokens": _post("Count a message's prompt tokens (Anthropic's count_tokens)",
+                                           "CountTokensRequest", "TokenCount", stream=False, protected=secured),
         "/tokenize": _post("Tokenize a prompt or a conversation", "TokenizeRequest", "TokenizeResponse", stream=False, protected=secured),
         "/detokenize": _post("Turn token ids back into text", "DetokenizeRequest", "DetokenizeResponse", stream=False, protected=secured),
         "/v1/models": get("List served models", _ref("ModelList"), protected=True),

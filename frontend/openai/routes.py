@@ -5,7 +5,7 @@ from aiohttp import web
 
 from kvserve.frontend.http import GATEWAY
 from kvserve.frontend.openai import handlers_misc as misc
-from kvserve.frontend.openai.anthropic.handlers_messages import create_message
+from kvserve.frontend.openai.anthropic.handlers_messages import count_message_tokens, create_message
 from kvserve.frontend.openai.handlers_embeddings import create_embeddings
 from kvserve.frontend.openai.handlers_openai import create_chat_completion, create_completion
 from kvserve.frontend.openai.responses_api.handlers_responses import (create_response, delete_response,
@@ -21,6 +21,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app[RESPONSE_STORE] = ResponseStore(app[GATEWAY].config.response_store_entries)
     app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
     app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_get("/v1/models", misc.list_models, allow_head=False)
     app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)

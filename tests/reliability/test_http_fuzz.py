@@ -35,13 +35,14 @@ ROUTES = {
                       "parallel_tool_calls", "reasoning", "truncation", "include", "user"),
     "/v1/messages": ("model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
                      "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata"),
+    "/v1/messages/count_tokens": ("model", "messages", "system", "tools", "tool_choice", "max_tokens"),
     "/tokenize": ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"),
     "/detokenize": ("model", "tokens"),
 }
 MAX_ERROR_BODY = 4096
 MIN_ECHO = 8  # shorter strings may occur in any message by chance ("model", "prompt")
 ROLES = ["user", "system", "assistant", "tool", "developer", "x"]
-ANTHROPIC_ROUTES = {"/v1/messages"}  # errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}}
+ANTHROPIC_ROUTES = {"/v1/messages", "/v1/messages/count_tokens"}  # errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}}
 # What messages may name: fields, roles, constraint kinds and schema keywords.
 VOCABULARY = {name for names in ROUTES.values() for name in names} | set(ROLES) | {
     "json_schema", "json_object", "structural_tag", "properties", "required", "minimum",
@@ -95,7 +96,7 @@ def bodies(draw: st.DrawFn, route: str) -> dict:
         body["prompt"] = draw(texts | st.lists(st.integers(0, 600), max_size=8))
     if route in ("/v1/chat/completions", "/tokenize") and draw(st.booleans()):
         body["messages"] = draw(messages)
-    if route == "/v1/messages" and draw(st.booleans()):
+    if route in ANTHROPIC_ROUTES and draw(st.booleans()):
         body["messages"] = draw(anthropic_messages)
     if route == "/v1/responses" and draw(st.booleans()):
         body["input"] = draw(texts | input_items)

@@ -1,6 +1,7 @@
 """POST /v1/messages: Anthropic's Messages API, as a chat call on the one generation path (the chat
 template, sampling, stop strings, grammars for forced tools, cancellation when the client leaves,
-the server span and the route's own request counter are those of every route)."""
+the server span and the route's own request counter are those of every route); and
+POST /v1/messages/count_tokens, the same conversation rendered and counted, not run."""
 from __future__ import annotations
 
 import time
@@ -13,7 +14,7 @@ from kvserve.frontend.openai.anthropic.messages_body import message_body
 from kvserve.frontend.openai.anthropic.messages_request import parse_messages_request
 from kvserve.frontend.openai.anthropic.messages_stream import MessagesStream
 from kvserve.frontend.openai.generation import Call, annotate_call, collect, stream_call
-from kvserve.frontend.openai.handlers_openai import prepare_chat, subrequests
+from kvserve.frontend.openai.handlers_openai import chat_prompt_ids, prepare_chat, subrequests
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
@@ -31,3 +32,14 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         return await stream_call(request, gateway, call, subs, MessagesStream(rid, model, len(ids), req.stop_sequences))
     choices, usage = await collect(gateway, call, subs)
     return web.json_response(message_body(rid, model, choices, usage, req.stop_sequences))
+
+
+async def count_message_tokens(request: web.Request) -> web.Response:
+    """The prompt's tokens as /v1/messages would send them (Anthropic's count_tokens: no max_tokens)."""
+    gateway = request.app[GATEWAY]
+    body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
+    req = parse_messages_request({**body, "max_tokens": 1 if body.get("max_tokens") is None else body["max_tokens"]}, gateway.vocab_size,
+                                 gateway.config.tools)
+    gateway.resolve_model(req.chat.model)
+    ids = await chat_prompt_ids(gateway, req.chat.messages, True, req.chat.tools)
+    return web.json_response({"input_tokens": len(ids)})

@@ -126,3 +126,11 @@ def test_stop_tail_takes_a_stop_sequence_off_the_end_however_the_text_was_cut() 
     tail = StopTail(["STOP"])
     assert tail.feed("a S") == "a " and tail.flush() == "S"  # more output came: it was no stop sequence
     assert tail.finish(stopped=False) == ("", None)
+
+
+def test_count_tokens_counts_the_prompt_messages_would_send(claude, server) -> None:
+    counted = claude.messages.count_tokens(model="tiny", messages=HELLO, system="be brief")
+    claude.messages.create(model="tiny", max_tokens=1, messages=HELLO, system="be brief")
+    assert counted.input_tokens == len(server.backend.requests[-1].prompt)
+    reply = post(f"{server.url}/v1/messages/count_tokens", {"model": "tiny"})
+    assert reply.status == 400 and reply.json()["error"]["type"] == "invalid_request_error"
