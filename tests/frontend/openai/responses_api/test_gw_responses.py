@@ -134,3 +134,22 @@ def test_the_store_is_a_bounded_lru_per_owner() -> None:
     small.put("k", {"id": "big", "text": "x" * 200}, [])
     assert small.get("k", "big") is None  # larger than the store: not kept
     assert not ResponseStore(max_entries=0).enabled
+
+
+def test_text_format_and_forced_tools_become_the_engine_constraint(client: openai.OpenAI, server) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    client.responses.create(model="tiny", input="x", max_output_tokens=1,
+                            text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+    assert server.backend.requests[-1].sampling["structured_outputs"] == {"json": schema}
+    client.responses.create(model="tiny", input="x", max_output_tokens=1, text={"format": {"type": "json_object"}})
+    assert server.backend.requests[-1].sampling["structured_outputs"] == {"json_object": True}
+    tool = {"type": "function", "name": "get_city", "parameters": schema}
+    client.responses.create(model="tiny", input="x", max_output_tokens=1, tools=[tool],
+                            tool_choice={"type": "function", "name": "get_city"})
+    tag = server.backend.requests[-1].sampling["structured_outputs"]["structural_tag"]["format"]
+    assert tag["begin"].endswith('"get_city", "arguments": ') and tag["content"]["json_schema"] == schema
+    with pytest.raises(openai.BadRequestError) as info:  # one constraint per request, named by its field
+        client.responses.create(model="tiny", input="x", max_output_tokens=1, tools=[tool],
+                                tool_choice={"type": "function", "name": "get_city"},
+                                text={"format": {"type": "json_object"}})
+    assert info.value.body["param"] == "tool_choice"
