@@ -85,6 +85,18 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+class CodedEmbedding(nn.Module):
+    """A tied embedding kept only as the logits projection's grid codes: the lookup dequantizes the
+    rows it needs (bit for bit the float32 rows), so the float32 table is not held as well."""
+
+    def __init__(self, grid: grid_weights.GridWeight) -> None:
+        super().__init__()
+        self.grid = grid
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return grid_weights.dequantize_rows(self.grid, input_ids)
+
+
 def wants_cpu_linear(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
     return (device.type == "cpu" and dtype == torch.float32 and quantization == "none"
             and torch.backends.mkldnn.is_available() and os.environ.get("KVSERVE_CPU_PACKED_LINEAR", "1") != "0")
@@ -103,6 +115,8 @@ def pack_linears(model: nn.Module, block_codes: dict[str, gguf_codes.BlockCodes]
         weight = model.embed_tokens.weight if tied else model.lm_head
         model.logits_proj = PackedLinear(weight, None, codes.pop("embed_tokens.weight" if tied else "lm_head", None),
                                          few_rows=True)
+        if tied and model.logits_proj.grid is not None:  # the codes serve the lookup too (Gemma 3: 671 MB)
+            model.embed_tokens = CodedEmbedding(model.logits_proj.grid)
         codes.clear()
         if model.lm_head is not None:  # untied: the plain copy is never read again
             model.lm_head = None

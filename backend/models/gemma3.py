@@ -104,7 +104,8 @@ class Gemma3ForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:
         # transformers multiplies by the scale held as a tensor of the weights' dtype.
-        x = self.embed_tokens(input_ids) * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=self.embed_tokens.weight.dtype)
+        x = self.embed_tokens(input_ids)
+        x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
         residual = None
         metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):

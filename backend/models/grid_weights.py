@@ -207,6 +207,17 @@ def _strip_constants(grid: GridWeight) -> tuple[torch.Tensor, list[torch.Tensor]
     return codes, [consts[:, :, i].transpose(1, 2).reshape(-1, groups) for i in range(count)]
 
 
+def dequantize_rows(grid: GridWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (int [T]) of the float32 weight, from the strips that hold them: an embedding
+    lookup over a tied embedding kept only as its codes."""
+    strips = (grid.out_features + STRIP - 1) // STRIP
+    flat = ids.reshape(-1).long()
+    held = grid.strips.view(strips, -1)[flat // STRIP]  # each row's strip of 4
+    part = grid._replace(strips=held.reshape(-1), tiles=None, out_features=held.shape[0] * STRIP)
+    rows = dequantize(part).view(-1, STRIP, grid.in_features)
+    return rows[torch.arange(flat.numel()), flat % STRIP].view(*ids.shape, grid.in_features)
+
+
 def dequantize(grid: GridWeight) -> torch.Tensor:
     """The float32 weight [N, K] back from its strips, computed as the kernels do (tests, and
     from_codes' check)."""

@@ -120,4 +120,6 @@ def test_one_at_a_time_on_the_grid_codes(real_model_path, prompts, reference) ->
     from kvserve.kernels import cpu_native
     if cpu_native.linear_available():
         assert model.layers[0].gate_up_proj.grid.kind == 4 and model.logits_proj.grid.kind == 8
+        # The tied embedding's lookup reads the same codes: no float32 table is held besides.
+        assert type(model.embed_tokens).__name__ == "CodedEmbedding" and model.logits_proj.packed is None
     assert ours == reference[:4]

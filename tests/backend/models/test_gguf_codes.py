@@ -99,3 +99,13 @@ def test_codes_that_are_not_the_weights_are_declined():
     assert grid_weights.from_codes(codes, weight) is None  # one value off: the check sees it
     assert grid_weights.from_codes(codes, weight[:, :128]) is None  # another shape
     assert block_codes("F32", values, values) is None and block_codes("Q3_K", *_tensor("Q3_K")) is None
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K"])
+def test_rows_read_from_the_codes_are_the_weights_rows(kind):
+    # A tied embedding kept only as codes (cpu_linear.CodedEmbedding): any ids, any shape, repeats.
+    blocks, values = _tensor(kind, seed=9)
+    weight = torch.from_numpy(values)
+    grid = grid_weights.from_codes(block_codes(kind, blocks, values), weight)
+    ids = torch.tensor([[0, 36, 5], [5, 17, 3]])
+    assert _same_bits(grid_weights.dequantize_rows(grid, ids), weight[ids])
