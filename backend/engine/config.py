@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvserve.backend.spec_decode import parse_speculative_config
+
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 # auto: the model's dtype. fp8 is vLLM's name for fp8_e4m3; both fp8 formats store one byte per
 # value with a per-tensor scale of 1.0, clamped to the format's range (kernels/kv_quant.py).
@@ -68,6 +70,9 @@ class EngineConfig:
     # CPU cores the engine leaves to the serving path and the OS (vLLM's
     # VLLM_CPU_NUM_OF_RESERVED_CPU); see backend/worker/cpu_threads.py.
     cpu_reserved_cores: int = 0
+    # vLLM's --speculative-config, a JSON object such as {"method": "ngram", "num_speculative_tokens":
+    # 4, "prompt_lookup_max": 4}; None: no speculation (spec_decode/spec_config.py checks it).
+    speculative_config: dict[str, Any] | None = None
     # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -102,6 +107,11 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
             raise ValueError("max_waiting_requests: must be >= 0")
+        # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
+        if parse_speculative_config(self.speculative_config) is None:
+            self.speculative_config = None
+        elif isinstance(self.speculative_config, str):
+            self.speculative_config = json.loads(self.speculative_config)
         path = Path(self.model)
         if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
             raise ValueError(f"model: {self.model!r} is neither a model folder nor a .gguf file")

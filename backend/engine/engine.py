@@ -18,10 +18,11 @@ from kvserve.backend.engine.detokenizer import IncrementalDetokenizer
 from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
 from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from kvserve.backend.engine.request import Request, RequestStatus
-from kvserve.backend.engine.sampler import Sampler, SamplingRow
+from kvserve.backend.engine.sampler import SampledToken, Sampler, SamplingRow, target_logits
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache import KVCacheManager
+from kvserve.backend.spec_decode import Speculator, parse_speculative_config, verify_proposals
 from kvserve.backend.structured import GrammarCompiler, GrammarMatchers
 from kvserve.backend.worker import ModelRunner
 from kvserve.seam.error_wire import ErrorKind, invalid
@@ -69,6 +70,8 @@ class LLMEngine:
                                  self.runner.kv_groups)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
+        spec_config = parse_speculative_config(config.speculative_config)
+        self.speculator = None if spec_config is None else Speculator(spec_config, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.matchers = GrammarMatchers(self.vocab_size)
         self.groups: dict[str, _Group] = {}
@@ -157,6 +160,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_timeouts()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if self.config.debug.log_scheduling:
             for rid in sched.new_request_ids:
@@ -166,11 +171,7 @@ class LLMEngine:
             return outputs
         logits, sample_ids = self.runner.execute(sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
-        sampled = []
-        if seqs:
-            rows = [SamplingRow(s.request.sampling_params, s.request.prompt_token_ids, s.request.output_token_ids,
-                                s.generator, s.request.eos_token_ids) for s in seqs]
-            sampled = self.sampler(logits, rows, self.matchers.mask_for(sample_ids))
+        sampled, runs = self._sample(logits, sched, sample_ids, seqs)
         accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
@@ -183,9 +184,18 @@ class LLMEngine:
             return outputs
         now = time.time()
         touched: dict[str, list[CompletionOutput]] = {}
+        num_extra = 0
         for seq, tok in accepted:
             rid = seq.request.request_id
             finish = self._append_token(seq, tok, now)
+            # The rest of a verified speculative run, token by token: a stop (EOS, stop string,
+            # max_tokens) inside it ends the request there and the tokens after it are dropped.
+            for extra in runs.get(rid, ()):
+                if finish is not None:
+                    break
+                self.scheduler.accept_draft_token(rid, extra)
+                finish = self._append_token(seq, SampledToken(extra), now)
+                num_extra += 1
             if finish is None and self.matchers.is_terminated(rid):
                 finish = RequestStatus.FINISHED_STOPPED  # the grammar ended: nothing more may follow
             if finish is not None:
@@ -193,7 +203,7 @@ class LLMEngine:
                 self.matchers.free(rid)
             delta = self._take_delta(seq, finish.value if finish else None)
             touched.setdefault(seq.parent_id, []).append(delta)
-        self.generation_tokens_total += len(sampled) - len(refused)
+        self.generation_tokens_total += len(sampled) - len(refused) + num_extra
         for parent_id in dict.fromkeys(refused):
             touched.pop(parent_id, None)
             out = self.fail(parent_id, "structured_outputs: the constraint allowed no token here "
@@ -210,6 +220,45 @@ class LLMEngine:
             if done:
                 self._drop_group(group)
         return outputs
+
+    def _sample(self, logits, sched, sample_ids: list[str],
+                seqs: list[_Sequence]) -> tuple[list[SampledToken], dict[str, list[int]]]:
+        """One token per sampling request (aligned with `seqs`), and for each request that
+        verified proposals, the tokens of its run after that first one.
+
+        A request with k proposals owns 1 + k consecutive logits rows; the others own one."""
+        if not seqs:
+            return [], {}
+        verifying = {s.request_id: s for s in sched.scheduled if s.samples and s.num_spec_tokens}
+        num_spec = {rid: s.num_spec_tokens for rid, s in verifying.items()}
+        row_of, row = [], 0
+        for rid in sample_ids:
+            row_of.append(row)
+            row += 1 + num_spec.get(rid, 0)
+        plain = [i for i, rid in enumerate(sample_ids) if rid not in num_spec]
+        sampled: list[SampledToken | None] = [None] * len(seqs)
+        if plain:
+            rows = [self._sampling_row(seqs[i]) for i in plain]
+            plain_logits = logits if not num_spec else logits[[row_of[i] for i in plain]]
+            for i, tok in zip(plain, self.sampler(plain_logits, rows, self.matchers.mask_for(
+                    [sample_ids[i] for i in plain]))):
+                sampled[i] = tok
+        runs: dict[str, list[int]] = {}
+        for i, rid in enumerate(sample_ids):
+            k = num_spec.get(rid, 0)
+            if not k:
+                continue
+            seq, drafts = seqs[i], verifying[rid].token_ids[-k:]
+            target = target_logits(logits[row_of[i]:row_of[i] + 1 + k], [self._sampling_row(seq)] * (1 + k))
+            run = verify_proposals(target, drafts, seq.request.sampling_params.greedy, seq.generator)
+            self.speculator.record(len(drafts), len(run) - 1)
+            sampled[i], runs[rid] = SampledToken(run[0]), run[1:]
+        return sampled, runs
+
+    @staticmethod
+    def _sampling_row(seq: _Sequence) -> SamplingRow:
+        r = seq.request
+        return SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids, seq.generator, r.eos_token_ids)
 
     def _count_prompt_tokens(self, seq: _Sequence) -> None:
         # At the first token, not on arrival: a request aborted while it waited was never

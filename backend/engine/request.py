@@ -52,6 +52,9 @@ class Request:
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first scheduling
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    # This step's speculative proposals (spec_decode/), verified with the next token; never part
+    # of the request's tokens until accepted, and cleared after every step.
+    spec_token_ids: list[int] = field(default_factory=list)
     times: RequestTimes = field(default_factory=RequestTimes)
 
     @property

@@ -121,6 +121,18 @@ def _draw(scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return ids
 
 
+def target_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The logits plain sampling draws from, without the draw: raw for greedy rows, else
+    temperature-scaled and top-k/top-p/min-p filtered. Speculative verification compares
+    proposals against them; its rows have no bias, penalty or grammar (spec_decode/speculator.py
+    gives those requests no proposals), so nothing else applies."""
+    logits = logits.float()
+    if all(r.params.greedy for r in rows):
+        return logits
+    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
+    return _filter(logits / temps[:, None], rows)
+
+
 class Sampler:
     @torch.inference_mode()  # the logits are the forward pass's inference tensor, updated in place
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],

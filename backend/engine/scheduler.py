@@ -24,6 +24,9 @@ class ScheduledRequest:
     start_position: int        # = num_computed_tokens before this step
     new_block_ids: list[list[int]]  # per KV cache group: blocks got since the last step (all when it (re)starts)
     samples: bool              # True when this chunk reaches the end of the known tokens
+    # The last num_spec_tokens of token_ids are proposals to verify: the runner returns logits
+    # for each of the last 1 + num_spec_tokens rows.
+    num_spec_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -85,13 +88,20 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            # A decode with proposals is a query of 1 + k tokens; the budget counts them all.
+            num_spec = min(len(req.spec_token_ids), budget - num_new) if num_new == 1 else 0
+            del req.spec_token_ids[num_spec:]
             while True:
-                new_blocks = self.kv.allocate_slots(req, num_new)
+                new_blocks = self.kv.allocate_slots(req, num_new, num_lookahead_tokens=num_spec)
                 if new_blocks is not None:
                     self._emit(out, req, num_new, new_blocks)
-                    budget -= num_new
+                    budget -= num_new + num_spec
                     i += 1
                     break
+                if num_spec:  # short of blocks: drop the proposals before preempting anyone
+                    num_spec = 0
+                    req.spec_token_ids.clear()
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim, now, out)
                 if victim is req:
@@ -125,15 +135,17 @@ class Scheduler:
         start = req.num_computed_tokens
         out.scheduled.append(ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.token_ids_slice(start, start + num_new),
+            token_ids=req.token_ids_slice(start, start + num_new) + req.spec_token_ids,
             start_position=start,
             new_block_ids=new_blocks,
             samples=start + num_new == req.num_tokens,
+            num_spec_tokens=len(req.spec_token_ids),
         ))
 
     def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
+        req.spec_token_ids = []
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.times.preemptions.append(now)
@@ -145,15 +157,25 @@ class Scheduler:
 
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> None:
         """After the forward pass: every request that ran has its chunk computed,
-        and those that sampled (request id -> token id) get their new token."""
+        and those that sampled (request id -> token id) get their new token.
+        Proposals count as computed only once accepted (`accept_draft_token`): the KV slots of
+        rejected ones are overwritten by the next step."""
         for sched in out.scheduled:
             req = self.requests.get(sched.request_id)
             if req is None or req.is_finished:
                 continue
-            req.num_computed_tokens += len(sched.token_ids)
+            req.spec_token_ids = []
+            req.num_computed_tokens += len(sched.token_ids) - sched.num_spec_tokens
             token = sampled.get(sched.request_id)
             if token is not None:
                 req.output_token_ids.append(token)
+
+    def accept_draft_token(self, request_id: str, token: int) -> None:
+        """One more token of a verified run: the token before it was a draft whose KV this step
+        wrote, so it counts as computed now, and `token` is the request's next output."""
+        req = self.requests[request_id]
+        req.num_computed_tokens += 1
+        req.output_token_ids.append(token)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """Remove a request (finished or aborted) and free its blocks at once."""

@@ -100,14 +100,18 @@ class KVCacheManager:
             self.prefix_hits += min(num_hit_tokens, req.num_prompt_tokens)
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
-                       new_computed_blocks: list[list[KVBlock]] | None = None) -> list[list[int]] | None:
+                       new_computed_blocks: list[list[KVBlock]] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[list[int]] | None:
         """Room for req's next num_new_tokens tokens (after any new cache hits), or None.
-        Returns, per group, the block ids appended to req's table: the hits taken, then fresh blocks."""
+        Returns, per group, the block ids appended to req's table: the hits taken, then fresh blocks.
+        `num_lookahead_tokens` (speculative proposals) get slots too but are never hashed: a block
+        is registered in the prefix cache only once every token in it is known, never while it may
+        hold a proposal that verification rejects."""
         hits = new_computed_blocks or [[] for _ in self.groups]
         state = self._state(req)
         num_computed = req.num_computed_tokens + len(hits[0]) * self.block_size
         total = num_computed + num_new_tokens
-        num_required = -(-total // self.block_size)
+        num_required = -(-(total + num_lookahead_tokens) // self.block_size)
         self._release_behind_windows(state, hits, num_computed)
         wanted = [max(num_required - len(table) - len(group_hits), 0)
                   for table, group_hits in zip(state.tables, hits)]

@@ -265,6 +265,12 @@ class ModelRunner:
         input_ids = torch.tensor([t for s in sched for t in s.token_ids], dtype=torch.int64, device=dev)
         sample_rows = [i for i, s in enumerate(sched) if s.samples]
         logits_indices = query_start_loc[1:][sample_rows] - 1
+        if any(s.num_spec_tokens for s in sched):
+            # A request verifying k proposals needs the logits of its last 1 + k rows, in order.
+            ends = query_start_loc[1:].tolist()
+            logits_indices = torch.tensor([row for i in sample_rows
+                                           for row in range(ends[i] - 1 - sched[i].num_spec_tokens, ends[i])],
+                                          dtype=torch.int64, device=dev)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         group_metas = []
         for g in range(len(self.kv_groups)):

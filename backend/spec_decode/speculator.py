@@ -1,0 +1,73 @@
+"""The engine's side of speculation: which running requests get proposals this step, how many,
+and the counters behind `kvserve:spec_decode_*`.
+
+It reads requests by duck typing (prompt/output token ids, sampling params, computed count)
+rather than importing the engine: the engine imports this package, not the other way round.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
+from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
+
+log = logging.getLogger("kvserve.engine")
+
+
+@dataclass(slots=True)
+class SpecDecodeCounters:
+    """Running totals, vLLM's spec_decode counters: a draft is one request's proposals in one step."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_proposer_errors: int = 0  # steps whose proposals were dropped: plain decoding ran instead
+
+
+def wants_proposals(params) -> bool:
+    """What this slice verifies exactly: greedy and plain sampling (temperature, top-k/top-p/min-p).
+    Logprobs, penalties, logit_bias, grammars and n > 1 need per-position state the verifier does
+    not carry yet, so those requests decode plainly."""
+    return (params.n == 1 and params.logprobs is None and not params.logit_bias
+            and params.grammar is None and params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.counters = SpecDecodeCounters()
+
+    def propose(self, running) -> None:
+        """Set `spec_token_ids` on each running request that decodes next step (one known token
+        left to compute). A proposer fault costs only this step's speculation, never a request."""
+        try:
+            for req in running:
+                req.spec_token_ids = self._proposals(req)
+        except Exception:  # noqa: BLE001 - any proposer fault: decode plainly this step
+            self.counters.num_proposer_errors += 1
+            log.exception("speculative proposer failed: this step decodes without proposals")
+            for req in running:
+                req.spec_token_ids = []
+
+    def _proposals(self, req) -> list[int]:
+        params = req.sampling_params
+        if req.num_tokens - req.num_computed_tokens != 1 or not wants_proposals(params):
+            return []
+        if req.num_output_tokens < params.min_tokens:
+            return []  # min_tokens bans EOS per position: plain decoding until it is met
+        k = self.config.num_speculative_tokens
+        # The step emits up to k + 1 tokens; the drafts sit at positions num_tokens .. num_tokens+k-1.
+        if params.max_tokens is not None:
+            k = min(k, params.max_tokens - req.num_output_tokens - 1)
+        k = min(k, self.max_model_len - req.num_tokens)
+        if k <= 0:
+            return []
+        return self.proposer.propose(req.all_token_ids, k)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.counters.num_drafts += 1
+        self.counters.num_draft_tokens += num_draft_tokens
+        self.counters.num_accepted_tokens += num_accepted
