@@ -120,6 +120,15 @@ class BackendMetrics:
     def on_preemptions(self, n: int) -> None:
         self._inc(m.NUM_PREEMPTIONS, n)
 
+    def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_tokens: int, proposer_errors: int) -> None:
+        """Speculative decoding since the last step (all zero when it is off)."""
+        if accepted_tokens > draft_tokens:
+            raise ValueError(f"accepted speculative tokens ({accepted_tokens}) exceed drafted ({draft_tokens})")
+        self._inc(m.SPEC_DECODE_NUM_DRAFTS, drafts)
+        self._inc(m.SPEC_DECODE_NUM_DRAFT_TOKENS, draft_tokens)
+        self._inc(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS, accepted_tokens)
+        self._inc(m.SPEC_DECODE_PROPOSER_ERRORS, proposer_errors)
+
     def on_prefix_cache(self, queries: int, hits: int) -> None:
         """Prompt tokens looked up in / found in the prefix cache."""
         if hits > queries:

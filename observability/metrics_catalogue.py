@@ -84,6 +84,16 @@ NUM_PREEMPTIONS = MetricSpec("kvserve:num_preemptions_total", C, "Number of requ
 PREFIX_CACHE_QUERIES = MetricSpec("kvserve:prefix_cache_queries_total", C,
                                   "Prompt tokens looked up in the prefix cache.")
 PREFIX_CACHE_HITS = MetricSpec("kvserve:prefix_cache_hits_total", C, "Prompt tokens found in the prefix cache.")
+# Speculative decoding (issue 32), vLLM's spec_decode counters: a draft is one request's proposals
+# in one step; acceptance rate = accepted / draft tokens.
+SPEC_DECODE_NUM_DRAFTS = MetricSpec("kvserve:spec_decode_num_drafts_total", C,
+                                    "Speculative drafts verified (one request's proposals in one step).")
+SPEC_DECODE_NUM_DRAFT_TOKENS = MetricSpec("kvserve:spec_decode_num_draft_tokens_total", C,
+                                          "Speculative tokens proposed and verified.")
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = MetricSpec("kvserve:spec_decode_num_accepted_tokens_total", C,
+                                             "Speculative tokens the target model accepted.")
+SPEC_DECODE_PROPOSER_ERRORS = MetricSpec("kvserve:spec_decode_proposer_errors_total", C,
+                                         "Steps whose proposer failed; they decoded without proposals.")
 TIME_TO_FIRST_TOKEN = MetricSpec("kvserve:time_to_first_token_seconds", H,
                                  "Time from arrival at the backend to the first token, in seconds.",
                                  buckets=TTFT_BUCKETS)
@@ -129,6 +139,8 @@ BACKEND_METRICS: tuple[MetricSpec, ...] = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, PROMPT_TOKENS, GENERATION_TOKENS,
     REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, NUM_GRAMMAR_MATCHERS,
+    SPEC_DECODE_NUM_DRAFTS, SPEC_DECODE_NUM_DRAFT_TOKENS, SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_PROPOSER_ERRORS,
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS

@@ -372,7 +372,16 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             num_grammar_matchers=len(self.matchers),
             inter_token_gaps=tuple(gaps),
+            **self._spec_decode_totals(),
         )
+
+    def _spec_decode_totals(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        c = self.speculator.counters
+        return {"spec_decode_num_drafts_total": c.num_drafts, "spec_decode_num_draft_tokens_total": c.num_draft_tokens,
+                "spec_decode_num_accepted_tokens_total": c.num_accepted_tokens,
+                "spec_decode_proposer_errors_total": c.num_proposer_errors}
 
     def recover_from_fault(self, message: str) -> list[RequestOutput]:
         """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""

@@ -55,6 +55,11 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     num_grammar_matchers: int
+    # Speculative decoding totals (all 0 without --speculative-config): spec_decode.SpecDecodeCounters.
+    spec_decode_num_drafts_total: int = 0
+    spec_decode_num_draft_tokens_total: int = 0
+    spec_decode_num_accepted_tokens_total: int = 0
+    spec_decode_proposer_errors_total: int = 0
     # Gaps between consecutive tokens of a sequence (seconds) since the previous
     # stats(): each gap is in exactly one EngineStats.
     inter_token_gaps: tuple[float, ...] = ()

@@ -9,6 +9,7 @@ left unset are not exported, so the engine's defaults apply.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,6 +41,18 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """`--speculative-config '{"method": "ngram", ...}'`: a JSON object; its keys and values are
+    the engine's to check at start (the gateway knows no engine field)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
     return value
 
 
@@ -87,6 +100,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "more means less serving work per token under load", positive_int),
     EngineFlag("--cpu-reserved-cores", "CPU cores the engine's threads leave to the gateway, its transport and "
                "the OS (as vLLM's VLLM_CPU_NUM_OF_RESERVED_CPU); 0: the engine uses every core", non_negative_int),
+    EngineFlag("--speculative-config", "speculative decoding, as vLLM's JSON object: "
+               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' "
+               "(docs/serving-flags.md); off when unset", json_object),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--enforce-eager", "CUDA: run decode steps eagerly instead of replaying CUDA graphs captured at "
@@ -119,6 +135,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def _env_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict):
+        return json.dumps(value)  # --speculative-config: the engine parses it back
     if isinstance(value, (list, tuple)):
         return str(value[0])  # --served-model-name: the engine reports the first name
     return str(value)

@@ -30,6 +30,11 @@ DESIGN_NAMES = {
     "kvserve:inter_token_latency_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:e2e_request_latency_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:request_queue_time_seconds": m.MetricKind.HISTOGRAM,
+    # speculative decoding (issue 32): vLLM's spec_decode counters
+    "kvserve:spec_decode_num_drafts_total": m.MetricKind.COUNTER,
+    "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
+    "kvserve:spec_decode_num_accepted_tokens_total": m.MetricKind.COUNTER,
+    "kvserve:spec_decode_proposer_errors_total": m.MetricKind.COUNTER,
     "kvserve:http_requests_total": m.MetricKind.COUNTER,
     "kvserve:http_request_duration_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:http_streams_in_flight": m.MetricKind.GAUGE,
