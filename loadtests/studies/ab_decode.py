@@ -12,6 +12,7 @@ ratios mean anything. Variants (`--a`, `--b`):
 - `cur`: the engine's own ops (`TorchOps` with its per-step plans)
 - `unpacked`: an engine of its own with F.linear (KVSERVE_CPU_PACKED_LINEAR=0) and the engine's ops
 - `int8`, `int4`: an engine of its own with `quantization` set (same prompts)
+- `fp8`, `bf16kv`: an engine of its own with `--kv-cache-dtype fp8_e4m3` or `bfloat16` (same prompts)
 
 One-off measurement, not installed.
 """
@@ -31,7 +32,8 @@ from kvserve.kernels.rotary import rotary_embedding_torch
 from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
-VARIANTS = ("ref", "cur", "unpacked", "int8", "int4")
+VARIANTS = ("ref", "cur", "unpacked", "int8", "int4", "fp8", "bf16kv")
+_KV_DTYPE = {"fp8": "fp8_e4m3", "bf16kv": "bfloat16"}
 
 
 class ReferenceOps:
@@ -80,11 +82,12 @@ def main() -> None:
 
     def engine_for(name: str):
         # ref and cur share one engine (only its ops differ); a quantized mode has its own.
-        key = name if name in ("int8", "int4", "unpacked") else "none"
+        key = name if name in ("int8", "int4", "unpacked", *_KV_DTYPE) else "none"
         if key not in engines:
             os.environ["KVSERVE_CPU_PACKED_LINEAR"] = "0" if key == "unpacked" else "1"
             engine = LLM(model=args.model, dtype="float32", max_num_seqs=args.batch, num_threads=args.threads,
-                         quantization="none" if key == "unpacked" else key).engine
+                         quantization=key if key in ("int8", "int4") else "none",
+                         kv_cache_dtype=_KV_DTYPE.get(key, "auto")).engine
             engine.own_ops = engine.runner.ops
             rng = random.Random(0)
             for i in range(args.batch):
