@@ -132,6 +132,8 @@ def test_backend_metrics_through_pb_utils():
     rec.on_generation_tokens(7)
     rec.on_generation_tokens(5)
     rec.on_preemptions(2)
+    rec.on_spec_decode(drafts=3, draft_tokens=12, accepted_tokens=7, proposer_errors=1)
+    rec.on_spec_decode(drafts=0, draft_tokens=0, accepted_tokens=0, proposer_errors=0)
     rec.on_prefix_cache(queries=64, hits=48)
     rec.on_token_latency(0.02)
     rec.on_token_latency(0.03)
@@ -147,6 +149,10 @@ def test_backend_metrics_through_pb_utils():
     assert series(pb, "kvserve:num_preemptions_total").value == 2
     assert series(pb, "kvserve:prefix_cache_queries_total").value == 64
     assert series(pb, "kvserve:prefix_cache_hits_total").value == 48
+    assert series(pb, "kvserve:spec_decode_num_drafts_total").value == 3
+    assert series(pb, "kvserve:spec_decode_num_draft_tokens_total").value == 12
+    assert series(pb, "kvserve:spec_decode_num_accepted_tokens_total").value == 7
+    assert series(pb, "kvserve:spec_decode_proposer_errors_total").value == 1
     success = "kvserve:request_success_total"
     assert series(pb, success, finished_reason="stop").value == 1
     assert series(pb, success, finished_reason="length").value == 1
@@ -167,6 +173,8 @@ def test_backend_metrics_reject_nonsense():
         rec.on_generation_tokens(-1)
     with pytest.raises(ValueError):
         rec.on_prefix_cache(queries=4, hits=5)
+    with pytest.raises(ValueError):
+        rec.on_spec_decode(drafts=1, draft_tokens=2, accepted_tokens=3, proposer_errors=0)
 
 
 def test_colon_names_fall_back_when_rejected():
