@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -120,14 +120,18 @@ class BackendMetrics:
     def on_preemptions(self, n: int) -> None:
         self._inc(m.NUM_PREEMPTIONS, n)
 
-    def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_tokens: int, proposer_errors: int) -> None:
-        """Speculative decoding since the last step (all zero when it is off)."""
+    def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_tokens: int, proposer_errors: int,
+                       accepted_per_position: Sequence[int] = ()) -> None:
+        """Speculative decoding since the last step (all zero when it is off); accepted_per_position[j]:
+        proposals accepted at position j of their draft."""
         if accepted_tokens > draft_tokens:
             raise ValueError(f"accepted speculative tokens ({accepted_tokens}) exceed drafted ({draft_tokens})")
         self._inc(m.SPEC_DECODE_NUM_DRAFTS, drafts)
         self._inc(m.SPEC_DECODE_NUM_DRAFT_TOKENS, draft_tokens)
         self._inc(m.SPEC_DECODE_NUM_ACCEPTED_TOKENS, accepted_tokens)
         self._inc(m.SPEC_DECODE_PROPOSER_ERRORS, proposer_errors)
+        for position, n in enumerate(accepted_per_position):
+            self._inc(m.SPEC_DECODE_ACCEPTED_PER_POSITION, n, str(position))
 
     def on_prefix_cache(self, queries: int, hits: int) -> None:
         """Prompt tokens looked up in / found in the prefix cache."""

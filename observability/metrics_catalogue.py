@@ -92,6 +92,10 @@ SPEC_DECODE_NUM_DRAFT_TOKENS = MetricSpec("kvserve:spec_decode_num_draft_tokens_
                                           "Speculative tokens proposed and verified.")
 SPEC_DECODE_NUM_ACCEPTED_TOKENS = MetricSpec("kvserve:spec_decode_num_accepted_tokens_total", C,
                                              "Speculative tokens the target model accepted.")
+SPEC_DECODE_ACCEPTED_PER_POSITION = MetricSpec(
+    "kvserve:spec_decode_num_accepted_tokens_per_pos_total", C,
+    "Speculative tokens accepted at each proposal position (0: the first proposal of a draft).",
+    labels=("position",))
 SPEC_DECODE_PROPOSER_ERRORS = MetricSpec("kvserve:spec_decode_proposer_errors_total", C,
                                          "Steps whose proposer failed; they decoded without proposals.")
 TIME_TO_FIRST_TOKEN = MetricSpec("kvserve:time_to_first_token_seconds", H,
@@ -140,7 +144,7 @@ BACKEND_METRICS: tuple[MetricSpec, ...] = (
     REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, NUM_GRAMMAR_MATCHERS,
     SPEC_DECODE_NUM_DRAFTS, SPEC_DECODE_NUM_DRAFT_TOKENS, SPEC_DECODE_NUM_ACCEPTED_TOKENS,
-    SPEC_DECODE_PROPOSER_ERRORS,
+    SPEC_DECODE_ACCEPTED_PER_POSITION, SPEC_DECODE_PROPOSER_ERRORS,
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS

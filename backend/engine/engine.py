@@ -18,7 +18,7 @@ from kvserve.backend.engine.detokenizer import IncrementalDetokenizer
 from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
 from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, TokenLogprob
 from kvserve.backend.engine.request import Request, RequestStatus
-from kvserve.backend.engine.sampler import SampledToken, Sampler, SamplingRow, target_logits
+from kvserve.backend.engine.sampler import SampledToken, Sampler, SamplingRow, draw_row, target_logits
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache import KVCacheManager
@@ -248,9 +248,10 @@ class LLMEngine:
             k = num_spec.get(rid, 0)
             if not k:
                 continue
-            seq, drafts = seqs[i], verifying[rid].token_ids[-k:]
-            target = target_logits(logits[row_of[i]:row_of[i] + 1 + k], [self._sampling_row(seq)] * (1 + k))
-            run = verify_proposals(target, drafts, seq.request.sampling_params.greedy, seq.generator)
+            seq, drafts, row = seqs[i], verifying[rid].token_ids[-k:], self._sampling_row(seqs[i])
+            target = target_logits(logits[row_of[i]:row_of[i] + 1 + k], [row] * (1 + k))
+            run = verify_proposals(target, drafts, seq.request.sampling_params.greedy,
+                                   lambda scaled, row=row: draw_row(scaled, row))
             self.speculator.record(len(drafts), len(run) - 1)
             sampled[i], runs[rid] = SampledToken(run[0]), run[1:]
         return sampled, runs
@@ -381,7 +382,8 @@ class LLMEngine:
         c = self.speculator.counters
         return {"spec_decode_num_drafts_total": c.num_drafts, "spec_decode_num_draft_tokens_total": c.num_draft_tokens,
                 "spec_decode_num_accepted_tokens_total": c.num_accepted_tokens,
-                "spec_decode_proposer_errors_total": c.num_proposer_errors}
+                "spec_decode_proposer_errors_total": c.num_proposer_errors,
+                "spec_decode_accepted_per_position_total": tuple(c.accepted_per_position)}
 
     def recover_from_fault(self, message: str) -> list[RequestOutput]:
         """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""

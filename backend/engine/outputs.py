@@ -60,6 +60,7 @@ class EngineStats:
     spec_decode_num_draft_tokens_total: int = 0
     spec_decode_num_accepted_tokens_total: int = 0
     spec_decode_proposer_errors_total: int = 0
+    spec_decode_accepted_per_position_total: tuple[int, ...] = ()  # index j: proposal j + 1 accepted
     # Gaps between consecutive tokens of a sequence (seconds) since the previous
     # stats(): each gap is in exactly one EngineStats.
     inter_token_gaps: tuple[float, ...] = ()

@@ -133,6 +133,12 @@ def target_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor
     return _filter(logits / temps[:, None], rows)
 
 
+def draw_row(scaled: torch.Tensor, row: SamplingRow) -> int:
+    """One token from one row [1, vocab] of `target_logits`, drawn exactly as a plain sampling step
+    draws it: one uniform (the request's generator's next, when it has one) through the CDF."""
+    return int(_draw(scaled, [row])[0])
+
+
 class Sampler:
     @torch.inference_mode()  # the logits are the forward pass's inference tensor, updated in place
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],

@@ -7,7 +7,7 @@ rather than importing the engine: the engine imports this package, not the other
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
 from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
@@ -22,6 +22,8 @@ class SpecDecodeCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_proposer_errors: int = 0  # steps whose proposals were dropped: plain decoding ran instead
+    # accepted_per_position[j]: drafts whose (j+1)-th proposal was accepted (vLLM's _per_pos).
+    accepted_per_position: list[int] = field(default_factory=list)
 
 
 def wants_proposals(params) -> bool:
@@ -38,7 +40,7 @@ class Speculator:
         self.config = config
         self.max_model_len = max_model_len
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-        self.counters = SpecDecodeCounters()
+        self.counters = SpecDecodeCounters(accepted_per_position=[0] * config.num_speculative_tokens)
 
     def propose(self, running) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
@@ -71,3 +73,5 @@ class Speculator:
         self.counters.num_drafts += 1
         self.counters.num_draft_tokens += num_draft_tokens
         self.counters.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):  # accepted proposals are always a prefix
+            self.counters.accepted_per_position[position] += 1

@@ -49,9 +49,12 @@ class EngineTelemetry:
         m.on_preemptions(stats.num_preemptions_total - (last.num_preemptions_total if last else 0))
         m.on_prefix_cache(stats.prefix_cache_queries_total - (last.prefix_cache_queries_total if last else 0),
                           stats.prefix_cache_hits_total - (last.prefix_cache_hits_total if last else 0))
+        per_position = stats.spec_decode_accepted_per_position_total
+        before = last.spec_decode_accepted_per_position_total if last else ()
         m.on_spec_decode(*(getattr(stats, name) - (getattr(last, name) if last else 0) for name in (
             "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-            "spec_decode_num_accepted_tokens_total", "spec_decode_proposer_errors_total")))
+            "spec_decode_num_accepted_tokens_total", "spec_decode_proposer_errors_total")),
+            [n - (before[j] if j < len(before) else 0) for j, n in enumerate(per_position)])
         for gap in stats.inter_token_gaps:
             m.on_token_latency(gap)
 

@@ -35,6 +35,7 @@ DESIGN_NAMES = {
     "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_accepted_tokens_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_proposer_errors_total": m.MetricKind.COUNTER,
+    "kvserve:spec_decode_num_accepted_tokens_per_pos_total": m.MetricKind.COUNTER,
     "kvserve:http_requests_total": m.MetricKind.COUNTER,
     "kvserve:http_request_duration_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:http_streams_in_flight": m.MetricKind.GAUGE,
@@ -132,7 +133,8 @@ def test_backend_metrics_through_pb_utils():
     rec.on_generation_tokens(7)
     rec.on_generation_tokens(5)
     rec.on_preemptions(2)
-    rec.on_spec_decode(drafts=3, draft_tokens=12, accepted_tokens=7, proposer_errors=1)
+    rec.on_spec_decode(drafts=3, draft_tokens=12, accepted_tokens=7, proposer_errors=1,
+                       accepted_per_position=[3, 2, 2, 0])
     rec.on_spec_decode(drafts=0, draft_tokens=0, accepted_tokens=0, proposer_errors=0)
     rec.on_prefix_cache(queries=64, hits=48)
     rec.on_token_latency(0.02)
@@ -153,6 +155,8 @@ def test_backend_metrics_through_pb_utils():
     assert series(pb, "kvserve:spec_decode_num_draft_tokens_total").value == 12
     assert series(pb, "kvserve:spec_decode_num_accepted_tokens_total").value == 7
     assert series(pb, "kvserve:spec_decode_proposer_errors_total").value == 1
+    per_pos = "kvserve:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [series(pb, per_pos, position=str(j)).value for j in range(3)] == [3, 2, 2]
     success = "kvserve:request_success_total"
     assert series(pb, success, finished_reason="stop").value == 1
     assert series(pb, success, finished_reason="length").value == 1

@@ -160,6 +160,18 @@ def test_seeded_sampling_with_speculation_is_reproducible(plain_pair):
     assert crowd[0].outputs[0].token_ids == alone[0]
 
 
+def test_seeded_sampling_draws_what_plain_decoding_draws(plain_pair):
+    """One random number per emitted token, through the sampler's own draw: the same seed gives
+    the same tokens with speculation as without."""
+    base, spec = plain_pair
+    before = _accepted(spec)
+    params = [SamplingParams(max_tokens=30, temperature=0.7, top_k=8, seed=seed, ignore_eos=True) for seed in range(8)]
+    prompts = PROMPTS * 2
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == \
+           [o.outputs[0].token_ids for o in base.generate(prompts, params)]
+    assert _accepted(spec) > before
+
+
 def _chi2_critical(df: int, z: float = 3.09) -> float:
     """The chi-square quantile at p = 0.001 (Wilson-Hilferty; within 1% from df = 3 on)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
@@ -198,6 +210,7 @@ def test_seeded_sampling_keeps_the_target_distribution(llama_dir):
                   for i in range(n)]
         return [o.outputs[0].token_ids for o in llm.generate([prompt] * n, params)]
 
+    # Other seeds for the second sample: with the same ones it would draw the very same tokens.
     without, with_spec = sample(base, 0), sample(spec, 10**6)
     assert _accepted(spec) > 200, spec.engine.speculator.counters  # 438 of 3,140 when written
     for position in (1, 2, 3):

@@ -69,7 +69,10 @@ def test_counters_reach_the_metrics_as_step_differences(llama_dir):
     while llm.engine.has_unfinished():
         outs = llm.engine.step()
         telemetry(llm.engine.stats(), outs, 0.0)
-    totals = [sum(call.args[i] for call in metrics.on_spec_decode.call_args_list) for i in range(4)]
+    calls = metrics.on_spec_decode.call_args_list
+    totals = [sum(call.args[i] for call in calls) for i in range(4)]
     c = llm.engine.speculator.counters
     assert totals == [c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens, c.num_proposer_errors]
-    assert c.num_drafts > 0
+    per_position = [sum(call.args[4][j] for call in calls) for j in range(3)]
+    assert per_position == c.accepted_per_position and sum(per_position) == c.num_accepted_tokens
+    assert c.num_drafts > 0 and c.accepted_per_position[0] > 0

@@ -87,32 +87,58 @@ def test_greedy_accepts_the_prefix_equal_to_the_argmax_plus_one():
     assert verify_proposals(logits, [0, 4, 5], True, None) == [3]
 
 
+def _draw_with(gen: torch.Generator):
+    """A stand-in for the sampler's draw: one token from a row of logits, counted."""
+    def draw(row: torch.Tensor) -> int:
+        draw.calls += 1
+        return int(torch.multinomial(row[0].softmax(-1), 1, generator=gen))
+    draw.calls = 0
+    return draw
+
+
 def test_sampling_accepts_certain_drafts_and_never_emits_impossible_ones():
     logits = torch.full((3, 6), float("-inf"))
     logits[0, 2] = logits[1, 4] = 0.0  # the target puts all its mass on 2, then on 4
     logits[2, :] = 0.0
-    gen = torch.Generator().manual_seed(0)
+    draw = _draw_with(torch.Generator().manual_seed(0))
     for _ in range(50):
-        run = verify_proposals(logits, [2, 4], False, gen)
+        run = verify_proposals(logits, [2, 4], False, draw)
         assert run[:2] == [2, 4] and len(run) == 3
-        run = verify_proposals(logits, [2, 5], False, gen)  # 5 has no mass: always rejected for 4
+        run = verify_proposals(logits, [2, 5], False, draw)  # 5 has no mass: always rejected for 4
         assert run == [2, 4]
 
 
+def test_one_draw_per_emitted_token_as_plain_decoding_takes():
+    """So a seeded request's random numbers line up with plain decoding's, token for token."""
+    logits = torch.randn(5, 16, generator=torch.Generator().manual_seed(1))
+    for seed in range(20):
+        draw = _draw_with(torch.Generator().manual_seed(seed))
+        run = verify_proposals(logits, [3, 1, 4, 1], False, draw)
+        assert draw.calls == len(run) and 1 <= len(run) <= 5
+    with pytest.raises(ValueError):
+        verify_proposals(logits, [3], False, None)
+
+
 def test_sampling_rejection_keeps_the_target_distribution():
-    """One position, one-hot draft 1: the emitted token's frequencies match p over 40k draws."""
+    """Position 0 with one-hot draft 1: the emitted token's frequencies match p over 40k tries,
+    and the draft is accepted (the run goes on) with probability p(1)."""
     p = torch.tensor([0.1, 0.5, 0.25, 0.15])
     logits = p.log()[None, :].repeat(2, 1)
-    gen = torch.Generator().manual_seed(7)
+    draw = _draw_with(torch.Generator().manual_seed(7))
     n = 40_000
     counts = torch.zeros(4)
+    accepted = 0
     for _ in range(n):
-        counts[verify_proposals(logits, [1], False, gen)[0]] += 1
+        run = verify_proposals(logits, [1], False, draw)
+        counts[run[0]] += 1
+        accepted += len(run) == 2
     chi2 = float((((counts - n * p) ** 2) / (n * p)).sum())
     assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
+    assert accepted == counts[1]
 
 
 def test_seeded_verification_reproduces_itself():
     logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
-    runs = [verify_proposals(logits, [1, 2, 3], False, torch.Generator().manual_seed(11)) for _ in range(2)]
+    runs = [verify_proposals(logits, [1, 2, 3], False, _draw_with(torch.Generator().manual_seed(11)))
+            for _ in range(2)]
     assert runs[0] == runs[1]
