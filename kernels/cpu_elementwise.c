@@ -43,23 +43,13 @@ void kvserve_rms_norm_f32(const float *x, const float *residual, const float *we
     }
 }
 
-/* out [rows, d] = silu(x[:, :d]) * x[:, d:2d], x rows `x_stride` floats apart. */
-void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
-                              int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t row = 0; row < rows; ++row) {
-        const float *gate = x + row * x_stride, *up = gate + d;
-        float *o = out + row * d;
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) o[i] = gate[i] / (1.0f + kvserve_exp(-gate[i])) * up[i];
-    }
-}
-
-/* out [rows, d] = gelu_tanh(x[:, :d]) * x[:, d:2d] (Gemma's GeGLU), x rows `x_stride` floats apart.
- * gelu_tanh(g) = g (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (g + 0.044715 g^3), which is
- * g / (1 + exp(-2u)): silu's form, so the same vectorizable exp serves. */
-void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
-                                   int num_threads) {
+/* out [rows, d] = act(x[:, :d]) * x[:, d:2d], x rows `x_stride` floats apart, for the two gated
+ * activations, which share one form: silu(g) = g / (1 + exp(-g)), and gelu_tanh(g) =
+ * g (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (g + 0.044715 g^3), which is g / (1 + exp(-2u)).
+ * GELU is a compile-time constant where this is inlined, so each loop stays one simd loop. */
+static inline __attribute__((always_inline)) void gated_and_mul(const int GELU, const float *x, float *out,
+                                                                int64_t rows, int64_t d, int64_t x_stride,
+                                                                int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t row = 0; row < rows; ++row) {
         const float *gate = x + row * x_stride, *up = gate + d;
@@ -67,10 +57,21 @@ void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) {
             const float g = gate[i];
-            const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-            o[i] = g / (1.0f + kvserve_exp(-2.0f * u)) * up[i];
+            const float a = GELU ? 2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g) : g;
+            o[i] = g / (1.0f + kvserve_exp(-a)) * up[i];
         }
     }
+}
+
+void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                              int num_threads) {
+    gated_and_mul(0, x, out, rows, d, x_stride, num_threads);
+}
+
+/* Gemma's GeGLU. */
+void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                                   int num_threads) {
+    gated_and_mul(1, x, out, rows, d, x_stride, num_threads);
 }
 
 /* Rotary embedding in place on x [rows][heads][...]: the first 2 * half values of each head turn by

@@ -70,9 +70,7 @@ def parse_tools(body: dict[str, Any], settings: ToolSettings) -> ToolRequest | N
         if choice_raw not in (None, "none"):
             raise bad_request("'tool_choice' needs 'tools'", param="tool_choice")
         return None
-    if not isinstance(raw_tools, list) or len(raw_tools) > MAX_TOOLS:
-        raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
-    tools = [_tool(t, i) for i, t in enumerate(raw_tools)]
+    tools = [_tool(t, i) for i, t in enumerate(checked_tool_list(raw_tools))]
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
         raise bad_request("'tools' has two functions with the same name", param="tools")
@@ -81,6 +79,13 @@ def parse_tools(body: dict[str, Any], settings: ToolSettings) -> ToolRequest | N
         raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
                           "to be set on the server", param="tool_choice")
     return ToolRequest(tools, choice, named, True if parallel is None else parallel)
+
+
+def checked_tool_list(raw: Any) -> list[Any]:
+    """`tools` as every API takes it (chat, Responses, Messages): a list of at most MAX_TOOLS."""
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
+    return raw
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:

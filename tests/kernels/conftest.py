@@ -29,3 +29,14 @@ def device() -> torch.device:
         pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; run the kernel tests in their own "
                     "process or set TRITON_INTERPRET=1 in the environment")
     return torch.device("cpu")
+
+
+@pytest.fixture(params=["torch", "native"])
+def decode_path(request, monkeypatch):
+    """The CPU attention's decode path: the torch one (native kernel hidden) or the native C kernel."""
+    from kvserve.kernels import cpu_native
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_native, "available", lambda: False)
+    elif not cpu_native.available():
+        pytest.skip("no C compiler: the native kernel is not built")
+    return request.param

@@ -29,15 +29,6 @@ def _reference(query, kv, meta):
                                          meta.query_start_loc, 0.125)
 
 
-@pytest.fixture(params=["torch", "native"])
-def decode_path(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setattr(cpu_native, "available", lambda: False)
-    elif not cpu_native.available():
-        pytest.skip("no C compiler: the native kernel is not built")
-    return request.param
-
-
 @pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [20, 1, 5, 1], [1, 33, 1, 1], [7, 3, 2, 40]])
 def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_path):
     """Decode-only steps on the torch path are bitwise the reference; prefill rows (SDPA's batched

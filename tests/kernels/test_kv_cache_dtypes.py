@@ -121,15 +121,6 @@ def test_native_decode_over_a_compressed_cache_matches_the_dequantized_reference
     assert_close(got, windowed_reference(query, _dequantized(kv), [1] * len(seq_lens), 0.1, window), torch.float32)
 
 
-@pytest.fixture(params=["torch", "native"])
-def decode_path(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setattr(cpu_native, "available", lambda: False)
-    elif not cpu_native.available():
-        pytest.skip("no C compiler: the native kernel is not built")
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", COMPRESSED)
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [20, 1, 5]])
 def test_torch_ops_attention_over_a_compressed_cache(dtype, query_lens, decode_path):

@@ -18,7 +18,7 @@ from typing import Any
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import bad_request, not_supported
 from kvserve.frontend.openai.api_requests import MAX_MESSAGES, ChatRequest, parse_chat
-from kvserve.frontend.openai.tools import MAX_TOOLS, ToolSettings
+from kvserve.frontend.openai.tools import ToolSettings, checked_tool_list
 from kvserve.seam.limits import MAX_STOP, MAX_STOP_CHARS
 
 # Sampling fields both APIs name alike, and vLLM's extensions a client may add (extra_body).
@@ -184,9 +184,7 @@ def _tools(tools: Any, choice: Any) -> dict[str, Any]:
     """`tools`, `tool_choice` and `parallel_tool_calls` in chat form (checked again by parse_chat)."""
     out: dict[str, Any] = {}
     if tools is not None:
-        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-            raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
-        out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
+        out["tools"] = [_tool(t, i) for i, t in enumerate(checked_tool_list(tools))]
     if choice is None:
         return out
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, not_supported
 from kvserve.frontend.openai.api_requests import MAX_MESSAGES, ChatRequest, parse_chat
-from kvserve.frontend.openai.tools import MAX_TOOLS, ToolSettings
+from kvserve.frontend.openai.tools import ToolSettings, checked_tool_list
 
 # vLLM's sampling extensions a client may add (extra_body), passed on to the chat parser.
 _PASSED_THROUGH = ("temperature", "top_p", "top_k", "seed", "min_p", "min_tokens", "presence_penalty",
@@ -203,9 +203,7 @@ def _tools(tools: Any, choice: Any) -> dict[str, Any]:
     """`tools` and `tool_choice` in chat form (parse_chat checks them again)."""
     out: dict[str, Any] = {}
     if tools is not None:
-        if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-            raise bad_request(f"'tools' must be a list of at most {MAX_TOOLS} tools", param="tools")
-        out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
+        out["tools"] = [_tool(t, i) for i, t in enumerate(checked_tool_list(tools))]
     if choice is None:
         return out
     if isinstance(choice, str):
