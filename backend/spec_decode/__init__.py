@@ -1,5 +1,5 @@
 """Speculative decoding: the `--speculative-config` it runs under, the proposers that guess a
-request's next tokens (n-gram prompt lookup today; suffix and draft-model later), and the rule
+request's next tokens (n-gram prompt lookup and suffix decoding; a draft model later), and the rule
 that accepts or rejects those guesses against the target model's own distribution. The
 scheduler, the runner and the sampler stay the one mechanism: a request with k proposals is a
 query of 1 + k tokens. Nothing here imports the engine: the engine hands in plain lists and
@@ -14,6 +14,8 @@ _EXPORTS = {
     "NgramProposer": ".ngram_proposer",
     "SpecDecodeCounters": ".speculator",
     "SpeculativeConfig": ".spec_config",
+    "SuffixProposer": ".suffix_proposer",
+    "SuffixTree": ".suffix_tree",
     "Speculator": ".speculator",
     "parse_speculative_config": ".spec_config",
     "verify_proposals": ".rejection_sampler",

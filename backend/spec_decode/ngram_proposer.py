@@ -37,5 +37,8 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, token_ids: list[int], k: int) -> list[int]:
-        return propose_ngram(np.asarray(token_ids, dtype=np.int64), self.min_n, self.max_n, k)
+    def sync(self, running) -> None:
+        """Nothing to keep between steps: each lookup scans the request's tokens afresh."""
+
+    def propose(self, req, k: int) -> list[int]:
+        return propose_ngram(np.asarray(req.all_token_ids, dtype=np.int64), self.min_n, self.max_n, k)

@@ -1,28 +1,41 @@
 """`--speculative-config`: vLLM's JSON object, checked once at start.
 
 A bad config is refused with a message naming the field (`speculative_config.<key>: ...`),
-so a typo never silently turns speculation off. Only `ngram` runs today; `suffix` and
-`draft_model` are vLLM's names for methods issue 32 plans, refused by name until they exist.
+so a typo never silently turns speculation off. `ngram` and `suffix` run; `draft_model` is
+vLLM's name for the method issue 32 plans next, refused by name until it exists.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-METHODS_BUILT = ("ngram",)
-METHODS_PLANNED = ("suffix", "draft_model")
+METHODS_BUILT = ("ngram", "suffix")
+METHODS_PLANNED = ("draft_model",)
 # k beyond this buys nothing on a CPU step and makes every rejected run costlier.
 MAX_SPECULATIVE_TOKENS = 16
-_NGRAM_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_KEYS = {
+    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
+    "suffix": ("method", "num_speculative_tokens", "suffix_decoding_max_tree_depth",
+               "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+               "suffix_decoding_min_token_prob"),
+}
+# vLLM caches 10,000 finished outputs by default; here a tree node is a Python object (~260 bytes,
+# and a 200-token output adds up to ~4,800 of them), so the default keeps a few hundred MB at most.
+DEFAULT_SUFFIX_CACHED_REQUESTS = 256
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int
-    prompt_lookup_max: int
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = DEFAULT_SUFFIX_CACHED_REQUESTS
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
 
 def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -37,16 +50,19 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
     if not isinstance(value, dict):
         raise ValueError(f"speculative_config: must be a JSON object, got {type(value).__name__}")
     method = value.get("method")
+    built = ", ".join(METHODS_BUILT)
     if method is None:
-        raise ValueError("speculative_config.method: required (one of: ngram)")
+        raise ValueError(f"speculative_config.method: required (one of: {built})")
     if method in METHODS_PLANNED:
-        raise ValueError(f"speculative_config.method: {method!r} is not built yet (only 'ngram' is)")
+        raise ValueError(f"speculative_config.method: {method!r} is not built yet (built: {built})")
     if method not in METHODS_BUILT:
-        raise ValueError(f"speculative_config.method: unknown method {method!r} (one of: ngram)")
-    unknown = sorted(set(value) - set(_NGRAM_KEYS))
+        raise ValueError(f"speculative_config.method: unknown method {method!r} (one of: {built})")
+    unknown = sorted(set(value) - set(_KEYS[method]))
     if unknown:
-        raise ValueError(f"speculative_config.{unknown[0]}: unknown key for method 'ngram' "
-                         f"(known: {', '.join(_NGRAM_KEYS)})")
+        raise ValueError(f"speculative_config.{unknown[0]}: unknown key for method {method!r} "
+                         f"(known: {', '.join(_KEYS[method])})")
+    if method == "suffix":
+        return _suffix_config(value)
     k = _int_in("num_speculative_tokens", value.get("num_speculative_tokens"), 1, MAX_SPECULATIVE_TOKENS)
     # vLLM's defaults: both 5 when neither is given, else the one missing equals the other.
     lo_raw, hi_raw = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
@@ -57,6 +73,30 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
     if hi < lo:
         raise ValueError(f"speculative_config.prompt_lookup_max: {hi} is below prompt_lookup_min ({lo})")
     return SpeculativeConfig(method, k, lo, hi)
+
+
+def _suffix_config(value: dict[str, Any]) -> SpeculativeConfig:
+    depth = _int_in("suffix_decoding_max_tree_depth", value.get("suffix_decoding_max_tree_depth", 24), 2, 64)
+    # vLLM's default k for suffix is the tree depth: the guess length is the method's own choice.
+    k = _int_in("num_speculative_tokens",
+                value.get("num_speculative_tokens", min(depth, MAX_SPECULATIVE_TOKENS)), 1, MAX_SPECULATIVE_TOKENS)
+    cached = _int_in("suffix_decoding_max_cached_requests",
+                     value.get("suffix_decoding_max_cached_requests", DEFAULT_SUFFIX_CACHED_REQUESTS), 0, 1_000_000)
+    factor = _float_in("suffix_decoding_max_spec_factor", value.get("suffix_decoding_max_spec_factor", 1.0),
+                       0.0, 64.0, low_open=True)
+    prob = _float_in("suffix_decoding_min_token_prob", value.get("suffix_decoding_min_token_prob", 0.1), 0.0, 1.0)
+    return SpeculativeConfig("suffix", k, suffix_decoding_max_tree_depth=depth,
+                             suffix_decoding_max_cached_requests=cached, suffix_decoding_max_spec_factor=factor,
+                             suffix_decoding_min_token_prob=prob)
+
+
+def _float_in(name: str, value: Any, lo: float, hi: float, low_open: bool = False) -> float:
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (lo < value if low_open else lo <= value) and value <= hi)
+    if not ok:
+        bounds = f"{'(' if low_open else '['}{lo}, {hi}]"
+        raise ValueError(f"speculative_config.{name}: must be a number in {bounds}, got {value!r}")
+    return float(value)
 
 
 def _int_in(name: str, value: Any, lo: int, hi: int) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
 from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
+from kvserve.backend.spec_decode.suffix_proposer import SuffixProposer
 
 log = logging.getLogger("kvserve.engine")
 
@@ -35,17 +36,26 @@ def wants_proposals(params) -> bool:
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
 
 
+def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:
+    """The method's proposer: `sync(running)` once a step, then `propose(request, k)` per request."""
+    if config.method == "suffix":
+        return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
+                              config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob)
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer = make_proposer(config)
         self.counters = SpecDecodeCounters(accepted_per_position=[0] * config.num_speculative_tokens)
 
     def propose(self, running) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
         left to compute). A proposer fault costs only this step's speculation, never a request."""
         try:
+            self.proposer.sync(running)
             for req in running:
                 req.spec_token_ids = self._proposals(req)
         except Exception:  # noqa: BLE001 - any proposer fault: decode plainly this step
@@ -67,7 +77,7 @@ class Speculator:
         k = min(k, self.max_model_len - req.num_tokens)
         if k <= 0:
             return []
-        return self.proposer.propose(req.all_token_ids, k)
+        return self.proposer.propose(req, k)
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.counters.num_drafts += 1

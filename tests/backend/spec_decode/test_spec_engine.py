@@ -1,6 +1,7 @@
-"""Speculative decoding through the engine on the tiny random model: greedy output is token for
-token what plain decoding gives (plain, chunked prefill, prefix hits, preemption, stops inside an
-accepted run), seeded sampling keeps the target distribution, and a proposer fault costs nothing.
+"""Speculative decoding through the engine on the tiny random model, for each method (n-gram and
+suffix): greedy output is token for token what plain decoding gives (plain, chunked prefill, prefix
+hits, preemption, stops inside an accepted run), seeded sampling keeps the target distribution, and
+a proposer fault costs nothing.
 
 Every test asserts that proposals were accepted, so none can pass with speculation idle."""
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pytest
 from kvserve.backend import LLM, SamplingParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 8}
+METHODS = pytest.mark.parametrize("spec_config", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 # Text that repeats, so prompt lookup finds something to propose; the tiny model's greedy output
 # falls into loops of its own, which lookup then proposes from the output.
@@ -23,9 +26,9 @@ PROMPTS = [
 ]
 
 
-def _engines(llama_dir, **args):
+def _engines(llama_dir, spec_config=NGRAM, **args):
     base = LLM(model=llama_dir, max_model_len=256, **args)
-    spec = LLM(model=llama_dir, max_model_len=256, speculative_config=NGRAM, **args)
+    spec = LLM(model=llama_dir, max_model_len=256, speculative_config=spec_config, **args)
     return base, spec
 
 
@@ -42,9 +45,9 @@ def _all_free(llm) -> bool:
     return kv.num_free_blocks == kv.num_usable_blocks and not llm.engine.groups
 
 
-@pytest.fixture(scope="module")
-def plain_pair(llama_dir):
-    return _engines(llama_dir, max_num_seqs=8, enable_prefix_caching=False)
+@pytest.fixture(scope="module", params=[NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def plain_pair(llama_dir, request):
+    return _engines(llama_dir, request.param, max_num_seqs=8, enable_prefix_caching=False)
 
 
 def test_greedy_with_speculation_equals_without(plain_pair):
@@ -86,15 +89,18 @@ def test_stops_inside_an_accepted_run_end_the_request_there(plain_pair):
     assert _all_free(spec)
 
 
-def test_greedy_with_chunked_prefill(llama_dir):
+@METHODS
+def test_greedy_with_chunked_prefill(spec_config, llama_dir):
     # A 24-token budget: prompts arrive in chunks beside other requests' decodes and proposals.
-    base, spec = _engines(llama_dir, max_num_seqs=8, max_num_batched_tokens=24, enable_prefix_caching=False)
+    base, spec = _engines(llama_dir, spec_config, max_num_seqs=8, max_num_batched_tokens=24,
+                          enable_prefix_caching=False)
     assert _tokens(spec) == _tokens(base)
     assert _accepted(spec) > 0
 
 
-def test_greedy_with_prefix_caching(llama_dir):
-    base, spec = _engines(llama_dir, max_num_seqs=8, enable_prefix_caching=True)
+@METHODS
+def test_greedy_with_prefix_caching(spec_config, llama_dir):
+    base, spec = _engines(llama_dir, spec_config, max_num_seqs=8, enable_prefix_caching=True)
     shared = PROMPTS[0] + " " + PROMPTS[1]
     prompts = [shared + " and then", shared + " but", *PROMPTS]
     want = _tokens(base, prompts)
@@ -111,10 +117,11 @@ def test_greedy_with_prefix_caching(llama_dir):
     assert _all_free(spec)
 
 
-def test_greedy_with_preemption(llama_dir):
+@METHODS
+def test_greedy_with_preemption(spec_config, llama_dir):
     # 20 blocks of 16 tokens for 4 requests of ~20-30 prompt + 60 output tokens each: preemptions.
     params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
-    base, spec = _engines(llama_dir, max_num_seqs=4, num_kv_blocks=20, enable_prefix_caching=False)
+    base, spec = _engines(llama_dir, spec_config, max_num_seqs=4, num_kv_blocks=20, enable_prefix_caching=False)
     want = _tokens(base, params=params)
     assert _tokens(spec, params=params) == want
     assert spec.engine.scheduler.num_preemptions_total > 0 and _accepted(spec) > 0
@@ -196,7 +203,9 @@ def _two_sample_chi2(a: list[int], b: list[int], min_expected: int = 5) -> tuple
 def test_seeded_sampling_keeps_the_target_distribution(llama_dir):
     """2,000 seeded samples with speculation against 2,000 without: at output positions 1, 2 and 3
     (those verified with proposals; position 0 comes from the prefill), a chi-square test finds
-    no difference. (An accept-every-draft rule scores ~10x the critical value here.)"""
+    no difference. (An accept-every-draft rule scores ~10x the critical value here.) Run with the
+    n-gram proposer: the suffix proposer's guesses are deterministic too (a one-hot q), and go
+    through the same verification."""
     base, spec = _engines(llama_dir, max_num_seqs=256)
     # The prompt holds the model's own greedy continuation, so the proposals after a sampled token
     # are likely under the target distribution: many are accepted, many rejected.

@@ -1,6 +1,6 @@
 """Speculative decoding on the default real model (SmolLM2-135M-Instruct, GGUF): greedy output
-with n-gram proposals equals plain greedy decoding on prompts whose answer copies the prompt,
-and the proposals are accepted (the case prompt lookup exists for)."""
+with n-gram or suffix proposals equals plain greedy decoding on prompts whose answer copies the
+prompt, and the proposals are accepted (the case both methods exist for)."""
 from __future__ import annotations
 
 import pytest
@@ -17,13 +17,19 @@ PROMPTS = [
 ]
 
 
+CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 8},
+}
+
+
 @pytest.mark.slow
-def test_real_model_greedy_with_speculation_equals_without(real_model_path):
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_real_model_greedy_with_speculation_equals_without(real_model_path, method):
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     args = dict(max_model_len=512, max_num_seqs=4)
     want = [o.outputs[0].token_ids for o in LLM(model=real_model_path, **args).generate(PROMPTS, params)]
-    spec = LLM(model=real_model_path, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                                          "prompt_lookup_min": 2, "prompt_lookup_max": 4}, **args)
+    spec = LLM(model=real_model_path, speculative_config=CONFIGS[method], **args)
     got = [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params)]
     assert got == want
     counters = spec.engine.speculator.counters

@@ -1,6 +1,8 @@
 """Speculative decoding's pure parts: the config check, n-gram prompt lookup, the acceptance rule."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,6 @@ def test_config_ngram_defaults_and_json_text():
 
 @pytest.mark.parametrize("config, field", [
     ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
-    ({"method": "suffix", "num_speculative_tokens": 2}, "speculative_config.method"),
     ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "speculative_config.method"),
     ({"num_speculative_tokens": 2}, "speculative_config.method"),
     ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
@@ -38,7 +39,7 @@ def test_config_refusals_name_the_field(config, field):
     with pytest.raises(ValueError) as err:
         parse_speculative_config(config)
     assert str(err.value).startswith(field + ":")
-    if "suffix" in str(config) or "draft_model" in str(config):
+    if "draft_model" in str(config):
         assert "not built yet" in str(err.value)
 
 
@@ -70,7 +71,7 @@ def test_ngram_takes_the_latest_occurrence_with_k_tokens_after_it():
     tokens = [1, 2, 10, 11, 1, 2, 20, 21, 1, 2]
     assert _propose(tokens, 2, 2, 2) == [20, 21]
     # A run of one token: the latest hit right behind the suffix leaves too little, so the earliest.
-    assert NgramProposer(1, 1).propose([4, 4, 4, 4, 4], 3) == [4, 4, 4]
+    assert NgramProposer(1, 1).propose(SimpleNamespace(all_token_ids=[4, 4, 4, 4, 4]), 3) == [4, 4, 4]
 
 
 # ---- the acceptance rule ------------------------------------------------------------------
