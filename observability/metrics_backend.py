@@ -140,10 +140,10 @@ class BackendMetrics:
             with self._lock:
                 self._get(m.LORA_REQUESTS_INFO, ",".join(running), ",".join(waiting), str(max_lora)).set(now)
 
-    def on_lora_request(self, lora_name: str) -> None:
-        """A request that ran with this adapter finished."""
+    def on_lora_requests(self, lora_name: str, n: int) -> None:
+        """Requests that ran with this adapter and ended (finished, aborted or failed)."""
         if m.LORA_REQUESTS.name in self._families:
-            self._inc(m.LORA_REQUESTS, 1, lora_name)
+            self._inc(m.LORA_REQUESTS, n, lora_name)
 
     def on_prefix_cache(self, queries: int, hits: int) -> None:
         """Prompt tokens looked up in / found in the prefix cache."""

@@ -103,7 +103,7 @@ SPEC_DECODE_PROPOSER_ERRORS = MetricSpec("kvserve:spec_decode_proposer_errors_to
 LORA_REQUESTS_INFO = MetricSpec("kvserve:lora_requests_info", G,
                                 "Running and waiting LoRA adapters; value: when last updated (Unix time).",
                                 labels=("running_lora_adapters", "waiting_lora_adapters", "max_lora"))
-LORA_REQUESTS = MetricSpec("kvserve:lora_requests_total", C, "Finished requests that ran with each LoRA adapter.",
+LORA_REQUESTS = MetricSpec("kvserve:lora_requests_total", C, "Requests that ran with each LoRA adapter and ended.",
                            labels=("lora_name",))
 TIME_TO_FIRST_TOKEN = MetricSpec("kvserve:time_to_first_token_seconds", H,
                                  "Time from arrival at the backend to the first token, in seconds.",

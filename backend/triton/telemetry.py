@@ -35,7 +35,7 @@ class EngineTelemetry:
         self.max_loras = max_loras
         self._last: EngineStats | None = None  # the totals already counted
         # request id -> its LoRA adapter, from execute() (Triton's threads) to the engine thread's
-        # _finished: the per-adapter counts and the span attribute.
+        # _finished, for the span attribute (RequestOutput does not carry the adapter).
         self._adapters: dict[str, str] = {}
         self._adapters_lock = threading.Lock()
         self._lora_info: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -77,6 +77,9 @@ class EngineTelemetry:
             [n - (before[j] if j < len(before) else 0) for j, n in enumerate(per_position)])
         for gap in stats.inter_token_gaps:
             m.on_token_latency(gap)
+        before_lora = dict(last.lora_requests_finished_total) if last else {}
+        for name, total in stats.lora_requests_finished_total:
+            m.on_lora_requests(name, total - before_lora.get(name, 0))
         self._record_lora_info(stats)
 
     def _record_lora_info(self, stats: EngineStats) -> None:
@@ -84,7 +87,7 @@ class EngineTelemetry:
         refreshed when they change, else at most once a second (a step takes milliseconds)."""
         if not self.max_loras:
             return
-        info = (tuple(getattr(stats, "lora_running", ())), tuple(getattr(stats, "lora_waiting", ())))
+        info = (stats.lora_running, stats.lora_waiting)
         now = time.time()
         if info != self._lora_info or now - self._lora_info_at >= 1.0:
             self._lora_info, self._lora_info_at = info, now
@@ -97,8 +100,6 @@ class EngineTelemetry:
             queue_s = None if rm.first_scheduled is None else rm.first_scheduled - rm.arrival
             ttft_s = None if rm.first_token is None else rm.first_token - rm.arrival
             self.metrics.on_finished(reason, rm.finished - rm.arrival, queue_s, ttft_s)
-            if adapter is not None:
-                self.metrics.on_lora_request(adapter)
         attributes = {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
                       sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
                       sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens}

@@ -78,10 +78,10 @@ class TritonLLMModel:
         self.config = engine_config_from_triton(model_config)
         lora_settings = lora_settings_from_triton(model_config)  # refused before the weights load
         metrics = self._backend_metrics(args)
-        max_loras = getattr(self.config, "max_loras", 0) if getattr(self.config, "enable_lora", False) else 0
+        max_loras = self.config.max_loras if self.config.enable_lora else 0
         self.telemetry = EngineTelemetry(metrics, self.config.model_name, max_loras)
         self.engine = AsyncEngine(self.config, [self.telemetry])
-        self.lora = LoRAAdapters(self.engine, lora_settings, enabled=getattr(self.config, "enable_lora", False),
+        self.lora = LoRAAdapters(self.engine, lora_settings, enabled=self.config.enable_lora,
                                  base_model_name=self.config.model_name)
         try:
             self.lora.load_startup_modules()
