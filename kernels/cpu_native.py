@@ -14,7 +14,9 @@ callers keep their torch path.
 - cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
 - cpu_linear.c: linear layers over float32 weights or int8/int4 codes packed once;
 - cpu_grid_linear.c: few-row linear layers over float32 weights kept as the codes of
-  their block grid (backend/models/grid_weights.py).
+  their block grid (backend/models/grid_weights.py);
+- cpu_lora.c: the batched LoRA shrink/expand of a step's rows grouped by adapter slot
+  (kernels/lora_sgmv.py has the torch reference).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
-                         "cpu_grid_linear.c")]
+                         "cpu_grid_linear.c", "cpu_lora.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -120,6 +122,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_linear_grouped_f32.restype = ctypes.c_int
     lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
+    lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
+    lib.kvserve_lora_f32.restype = ctypes.c_int
     return lib
 
 
@@ -468,3 +472,39 @@ def linear_grid(x: torch.Tensor, weight: Int4Weight, bits: int, out_features: in
     if bits not in _GRID_TILE_FORMATS:
         raise ValueError(f"native grid linear: kind {bits} is not a grid format (4, 8 or 16)")
     return _linear_grouped(x, weight, _GRID_TILE_FORMATS[bits], out_features, bias)
+
+
+# Below this many multiply-adds a LoRA product stays on the calling thread (a decode step's few
+# rows of one adapter: the OpenMP region would cost more than the work).
+_LORA_PARALLEL_MIN_MACS = 1 << 17
+
+
+def lora(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, scales: torch.Tensor,
+         ranks: torch.Tensor, order: torch.Tensor, group_starts: torch.Tensor, group_slots: torch.Tensor,
+         y_off: int) -> bool:
+    """`lora_torch`'s product in place on y for float32 CPU tensors (ranks, order, group_starts and
+    group_slots as contiguous int64 tensors); False (y untouched) where the kernel does not apply."""
+    lib = _library()
+    if (lib is None or not _rows_ok(x) or not _rows_ok(y) or a.dtype != torch.float32 or bt.dtype != torch.float32
+            or not a.is_contiguous() or not bt.is_contiguous() or scales.dtype != torch.float32
+            or not scales.is_contiguous()
+            or any(v.dtype != torch.int64 or not v.is_contiguous() for v in (ranks, order, group_starts, group_slots))):
+        return False
+    slots, r_max, k = a.shape
+    n = bt.shape[2]
+    if (x.shape[1] != k or bt.shape[:2] != (slots, r_max) or y_off < 0 or y_off + n > y.shape[1]
+            or scales.numel() != slots or ranks.numel() != slots
+            or group_starts.numel() != group_slots.numel() + 1):
+        raise ValueError("native LoRA: x, y, A, Bt, scales, ranks and the groups do not agree")
+    m = order.numel()
+    if m == 0:
+        return True
+    t = torch.empty(m, r_max)
+    threads = torch.get_num_threads() if m * r_max * (k + n) >= _LORA_PARALLEL_MIN_MACS else 1
+    status = lib.kvserve_lora_f32(x.data_ptr(), x.stride(0), k, a.data_ptr(), bt.data_ptr(), r_max, n,
+                                  scales.data_ptr(), ranks.data_ptr(), order.data_ptr(), group_starts.data_ptr(),
+                                  group_slots.data_ptr(), group_slots.numel(), y.data_ptr(), y.stride(0), y_off,
+                                  t.data_ptr(), threads)
+    if status:
+        raise ValueError("native LoRA: bad sizes")
+    return True

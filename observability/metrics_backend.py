@@ -133,6 +133,18 @@ class BackendMetrics:
         for position, n in enumerate(accepted_per_position):
             self._inc(m.SPEC_DECODE_ACCEPTED_PER_POSITION, n, str(position))
 
+    def on_lora_info(self, running: Sequence[str], waiting: Sequence[str], max_lora: int, now: float) -> None:
+        """The adapters with running and waiting requests (vLLM's lora_requests_info): the series
+        of this combination is set to `now`, the time it was last seen."""
+        if m.LORA_REQUESTS_INFO.name in self._families:
+            with self._lock:
+                self._get(m.LORA_REQUESTS_INFO, ",".join(running), ",".join(waiting), str(max_lora)).set(now)
+
+    def on_lora_requests(self, lora_name: str, n: int) -> None:
+        """Requests that ran with this adapter and ended (finished, aborted or failed)."""
+        if m.LORA_REQUESTS.name in self._families:
+            self._inc(m.LORA_REQUESTS, n, lora_name)
+
     def on_prefix_cache(self, queries: int, hits: int) -> None:
         """Prompt tokens looked up in / found in the prefix cache."""
         if hits > queries:

@@ -98,6 +98,13 @@ SPEC_DECODE_ACCEPTED_PER_POSITION = MetricSpec(
     labels=("position",))
 SPEC_DECODE_PROPOSER_ERRORS = MetricSpec("kvserve:spec_decode_proposer_errors_total", C,
                                          "Steps whose proposer failed; they decoded without proposals.")
+# LoRA (issue 33): vLLM's vllm:lora_requests_info, a gauge whose value is the time (Unix seconds)
+# the adapters named in its labels were last seen running / waiting (comma-separated names).
+LORA_REQUESTS_INFO = MetricSpec("kvserve:lora_requests_info", G,
+                                "Running and waiting LoRA adapters; value: when last updated (Unix time).",
+                                labels=("running_lora_adapters", "waiting_lora_adapters", "max_lora"))
+LORA_REQUESTS = MetricSpec("kvserve:lora_requests_total", C, "Requests that ran with each LoRA adapter and ended.",
+                           labels=("lora_name",))
 TIME_TO_FIRST_TOKEN = MetricSpec("kvserve:time_to_first_token_seconds", H,
                                  "Time from arrival at the backend to the first token, in seconds.",
                                  buckets=TTFT_BUCKETS)
@@ -144,7 +151,7 @@ BACKEND_METRICS: tuple[MetricSpec, ...] = (
     REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, NUM_GRAMMAR_MATCHERS,
     SPEC_DECODE_NUM_DRAFTS, SPEC_DECODE_NUM_DRAFT_TOKENS, SPEC_DECODE_NUM_ACCEPTED_TOKENS,
-    SPEC_DECODE_ACCEPTED_PER_POSITION, SPEC_DECODE_PROPOSER_ERRORS,
+    SPEC_DECODE_ACCEPTED_PER_POSITION, SPEC_DECODE_PROPOSER_ERRORS, LORA_REQUESTS_INFO, LORA_REQUESTS,
 )
 GATEWAY_METRICS: tuple[MetricSpec, ...] = (HTTP_REQUESTS, HTTP_REQUEST_DURATION, HTTP_STREAMS_IN_FLIGHT)
 CATALOGUE: tuple[MetricSpec, ...] = BACKEND_METRICS + GATEWAY_METRICS

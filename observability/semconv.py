@@ -39,6 +39,7 @@ GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference
 # --- kvserve-specific ---
 KVSERVE_NUM_PREEMPTIONS = "kvserve.num_preemptions"
 KVSERVE_CACHED_TOKENS = "kvserve.prefix_cache.hit_tokens"
+KVSERVE_LORA_NAME = "kvserve.lora.name"  # the LoRA adapter a request ran with (absent: the base model)
 KVSERVE_EMBEDDING_INPUTS = "kvserve.embedding.inputs"  # inputs (texts) in one embeddings request
 KVSERVE_EMBEDDING_PASSES = "kvserve.embedding.passes"  # forward passes its inputs ran in
 

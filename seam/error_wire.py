@@ -23,6 +23,7 @@ class ErrorKind(enum.Enum):
     OVERLOADED = "overloaded"                    # the waiting queue is full: retry later, or elsewhere (503)
     SHUTDOWN = "shutdown"                        # the engine is closing: retry elsewhere (503)
     TIMEOUT = "timeout"                          # the request's own `timeout` ran out (408)
+    NOT_FOUND = "not_found"                      # no such model or LoRA adapter (404 model_not_found)
     INTERNAL = "internal"                        # the engine failed (500)
 
     @property

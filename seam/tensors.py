@@ -35,7 +35,20 @@ TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway'
 # tritonserver learns the context length and the served name this way: neither ModelMetadata nor
 # ModelConfig can carry them (a Python backend's auto-complete cannot add parameters).
 DESCRIBE_PARAM = "kvserve_describe"
-MODEL_FACTS = ("max_model_len", "served_model_name")
+MODEL_FACTS = ("max_model_len", "served_model_name", "enable_lora")
+
+# ---- LoRA adapters (docs/lora.md) --------------------------------------------------------------
+# A generate request with this string parameter runs with that adapter (absent: the base model).
+# The model resolves the name; an unknown one ends the request with ErrorKind.NOT_FOUND.
+LORA_NAME_PARAM = "lora_name"
+# A request with this string parameter (and no inputs) manages the adapters: its value is a JSON
+# object {"action": one of LORA_ACTIONS, "lora_name": ..., "lora_path": ...} (name and path as the
+# action needs). One FINAL response whose TEXT_OUTPUT is JSON {"adapters": [{LORA_ADAPTER_KEYS}]},
+# the adapters served after the action; or an error (NOT_FOUND: unknown name; INVALID: bad files,
+# a name already loaded, runtime updates not allowed).
+LORA_CONTROL_PARAM = "kvserve_lora"
+LORA_ACTIONS = ("list", "load", "unload")
+LORA_ADAPTER_KEYS = ("name", "path", "parent")  # parent: --lora-modules base_model_name, or null
 
 # The keys of `sampling_parameters`: SamplingParams' init fields (tests/contract checks both ways).
 SAMPLING_FIELDS = frozenset({

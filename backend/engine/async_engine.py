@@ -37,6 +37,7 @@ from kvserve.backend.engine.engine import LLMEngine
 from kvserve.backend.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.stop_matcher import stop_automaton
+from kvserve.backend.lora import LoRAError, LoRARequest
 from kvserve.backend.structured import CompileJob
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
@@ -75,6 +76,7 @@ class _Add:
     arrival: float
     grammar: CompileJob | None = None
     error: RequestError | None = None  # admission refused it (after add_request had returned)
+    lora: LoRARequest | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -155,15 +157,20 @@ class AsyncEngine:
             return self._stats
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    callback: OutputCallback, traceparent: str | None = None, arrival: float | None = None) -> None:
+                    callback: OutputCallback, traceparent: str | None = None, arrival: float | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         """Admit and queue; outputs reach `callback` on the engine thread.
 
         Raises RequestError (a ValueError naming the field) for what it finds now: the
         cheap checks, and all of them for a short prompt. A long text prompt is tokenized
         on the pool, and what its admission finds reaches `callback` as an error output.
-        `arrival` (time.time(), default now) starts the request's `timeout`."""
+        `arrival` (time.time(), default now) starts the request's `timeout`.
+        `lora_request`: the adapter it runs with (registered: resolve_lora); LoRAError if it is not
+        (or LoRA is off). One unloaded meanwhile ends the request with a not_found error output."""
         if self._closed or not self._thread.is_alive():
             raise EngineClosed("the engine is shutting down")
+        if lora_request is not None and self.engine.resolve_lora(lora_request.lora_name) != lora_request:
+            raise LoRAError(f"adapter {lora_request.lora_name!r} is not loaded", not_found=True)
         arrival = time.time() if arrival is None else arrival
         limits = self.engine.limits
         precheck(prompt, params, limits)
@@ -176,7 +183,7 @@ class AsyncEngine:
             if request_id in self._pending:
                 raise invalid("request_id", "a request with this id is already in flight")
             self._pending[request_id] = False
-        item = _Add(request_id, None, params, callback, traceparent, arrival)
+        item = _Add(request_id, None, params, callback, traceparent, arrival, lora=lora_request)
         if isinstance(prompt, str) and len(prompt) > LONG_TEXT_CHARS:
             self._tokenize_pool.submit(self._admit, item, prompt)
             return
@@ -187,6 +194,22 @@ class AsyncEngine:
                 self._pending.pop(request_id, None)
             raise
         self._queue(item)
+
+    # ---- LoRA adapters (any thread: the registry has its own lock; files are read on the caller's)
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Read, check and register an adapter (LoRAError if bad); the same name and path again is a no-op."""
+        self.engine.add_lora(lora)
+
+    def remove_lora(self, lora_name: str) -> None:
+        """LoRAError(not_found) if unknown; requests already running with it finish with it."""
+        self.engine.remove_lora(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return self.engine.list_loras()
+
+    def resolve_lora(self, lora_name: str) -> LoRARequest:
+        """LoRAError(not_found) if unknown."""
+        return self.engine.resolve_lora(lora_name)
 
     def _admit(self, item: _Add, prompt: str) -> None:
         """On the tokenizer pool: admit a long prompt, unless it was aborted while it waited."""
@@ -330,7 +353,7 @@ class AsyncEngine:
         try:
             grammar = item.grammar.result() if item.grammar is not None else None
             self.engine.add_request(item.request_id, item.prompt, item.params, item.arrival,
-                                    item.traceparent, compiled_grammar=grammar)
+                                    item.traceparent, compiled_grammar=grammar, lora_request=item.lora)
             self._callbacks[item.request_id] = item.callback
         except ValueError as exc:
             self._reject(item, str(exc), getattr(exc, "kind", ErrorKind.INVALID), getattr(exc, "param", None))

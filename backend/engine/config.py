@@ -73,6 +73,13 @@ class EngineConfig:
     # vLLM's --speculative-config, a JSON object such as {"method": "ngram", "num_speculative_tokens":
     # 4, "prompt_lookup_max": 4}; None: no speculation (spec_decode/spec_config.py checks it).
     speculative_config: dict[str, Any] | None = None
+    # LoRA adapters (backend/lora/, vLLM's names): adapters resident on the device at once (and so
+    # the most distinct adapters in one step), the largest rank taken, and how many loaded adapters
+    # the CPU keeps (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -107,6 +114,12 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
             raise ValueError("max_waiting_requests: must be >= 0")
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        if self.max_cpu_loras is not None:
+            _positive("max_cpu_loras", self.max_cpu_loras)
+            if self.max_cpu_loras < self.max_loras:
+                raise ValueError(f"max_cpu_loras: must be >= max_loras ({self.max_loras}), got {self.max_cpu_loras}")
         # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
         if parse_speculative_config(self.speculative_config) is None:
             self.speculative_config = None

@@ -22,6 +22,7 @@ from kvserve.backend.engine.sampler import SampledToken, Sampler, SamplingRow, d
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache import KVCacheManager
+from kvserve.backend.lora import LoRAError, LoRARegistry, LoRARequest
 from kvserve.backend.spec_decode import Speculator, parse_speculative_config, verify_proposals
 from kvserve.backend.structured import GrammarCompiler, GrammarMatchers
 from kvserve.backend.worker import ModelRunner
@@ -52,6 +53,7 @@ class _Group:
     params: SamplingParams
     children: list[str]
     traceparent: str | None = None
+    lora: LoRARequest | None = None  # pinned in the registry until the group is dropped
     finished_children: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     prefilled: bool = False  # its prompt tokens were counted (once per request, whatever n)
@@ -68,7 +70,14 @@ class LLMEngine:
         self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  self.runner.kv_groups)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_loras if config.enable_lora else None)
+        # LoRA adapters (backend/lora/): the registry any thread adds to, and the runner's slots read.
+        self.loras: LoRARegistry | None = None
+        self.lora_finished: dict[str, int] = {}  # adapter name -> requests ended (metrics)
+        if config.enable_lora:
+            self.loras = LoRARegistry(self.runner.load_lora, config.max_cpu_loras or config.max_loras)
+            self.runner.lora_lookup = self.loras.pinned
         self.sampler = Sampler()
         spec_config = parse_speculative_config(config.speculative_config)
         self.speculator = None if spec_config is None else Speculator(spec_config, self.max_model_len)
@@ -85,18 +94,20 @@ class LLMEngine:
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | AdmittedPrompt, params: SamplingParams,
                     arrival_time: float | None = None, traceparent: str | None = None,
-                    compiled_grammar=None) -> None:
+                    compiled_grammar=None, lora_request: LoRARequest | None = None) -> None:
         """A prompt not yet admitted (the offline LLM API) is admitted here; the AsyncEngine
         admits off this thread and passes the `AdmittedPrompt`. Likewise `compiled_grammar`:
         the AsyncEngine compiles off this thread; without it a constrained request is compiled here."""
         if request_id in self.groups:
             raise invalid("request_id", "a request with this id is already in flight")
+        if lora_request is not None:
+            self._check_lora_enabled()
         if not isinstance(prompt, AdmittedPrompt):
             prompt = admit(prompt, params, self.limits, self.tokenizer.encode)
         ids = prompt.token_ids
         if params.grammar is not None and compiled_grammar is None:
             compiled_grammar = self.grammars.compile(params.grammar)
-        group = _Group(request_id, prompt.text, ids, params, [], traceparent=traceparent)
+        group = _Group(request_id, prompt.text, ids, params, [], traceparent=traceparent, lora=lora_request)
         arrival = arrival_time or time.time()
         if self.config.enable_prefix_caching:
             cache_key = params.cache_salt or ""
@@ -108,7 +119,9 @@ class LLMEngine:
         children: list[_Sequence] = []
         for i in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            req = Request(child_id, ids, params, eos_token_ids=self.eos_token_ids, cache_key=cache_key)
+            req = Request(child_id, ids, params, eos_token_ids=self.eos_token_ids, cache_key=cache_key,
+                          lora_int_id=lora_request.lora_int_id if lora_request else 0,
+                          lora_name=lora_request.lora_name if lora_request else None)
             req.times.arrival = arrival
             generator = None
             if params.seed is not None and not params.greedy:
@@ -116,6 +129,8 @@ class LLMEngine:
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output,
                                            params.skip_special_tokens)
             children.append(_Sequence(req, request_id, i, detok, generator))
+        if lora_request is not None:  # last of what may fail: an unknown (or unloaded) adapter
+            self.loras.pin(lora_request)
         for seq in children:
             if compiled_grammar is not None:
                 self.matchers.add(seq.request.request_id, compiled_grammar)
@@ -354,7 +369,34 @@ class LLMEngine:
         for child_id in group.children:
             self.sequences.pop(child_id, None)
             self.matchers.free(child_id)
-        self.groups.pop(group.request_id, None)
+        if self.groups.pop(group.request_id, None) is not None and group.lora is not None:
+            self.loras.unpin(group.lora.lora_int_id)
+            name = group.lora.lora_name
+            self.lora_finished[name] = self.lora_finished.get(name, 0) + 1
+
+    # ---- LoRA adapters (any thread: the registry has its own lock) -----------------------------
+    def _check_lora_enabled(self) -> None:
+        if self.loras is None:
+            raise LoRAError("LoRA adapters are off: start the engine with --enable-lora (enable_lora=True)")
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Read, check and register an adapter; the same name and path again is a no-op."""
+        self._check_lora_enabled()
+        self.loras.add(lora)
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unregister an adapter; requests already running with it finish with it."""
+        if self.loras is None:
+            raise LoRAError(f"adapter {lora_name!r} is not loaded (LoRA is off: --enable-lora)", not_found=True)
+        self.loras.remove(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        return [] if self.loras is None else self.loras.list()
+
+    def resolve_lora(self, lora_name: str) -> LoRARequest:
+        if self.loras is None:
+            raise LoRAError(f"adapter {lora_name!r} is not loaded (LoRA is off: --enable-lora)", not_found=True)
+        return self.loras.resolve(lora_name)
 
     # ---- introspection for metrics, tests and the async wrapper ------------------------------
     def stats(self) -> EngineStats:
@@ -373,6 +415,9 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             num_grammar_matchers=len(self.matchers),
             inter_token_gaps=tuple(gaps),
+            lora_running=_adapter_names(self.scheduler.running),
+            lora_waiting=_adapter_names(self.scheduler.waiting),
+            lora_requests_finished_total=tuple(sorted(self.lora_finished.items())),
             **self._spec_decode_totals(),
         )
 
@@ -397,6 +442,10 @@ class LLMEngine:
 
 
 _SEED_SPAN = 2**64
+
+
+def _adapter_names(requests) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(r.lora_name for r in requests if r.lora_name is not None))
 
 
 def _torch_seed(seed: int) -> int:

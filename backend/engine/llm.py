@@ -9,6 +9,7 @@ from kvserve.backend.engine.config import EngineConfig
 from kvserve.backend.engine.engine import LLMEngine
 from kvserve.backend.engine.outputs import CompletionOutput, RequestOutput
 from kvserve.backend.engine.sampling_params import SamplingParams
+from kvserve.backend.lora import LoRARequest
 from kvserve.backend.models import resolve_model_arg
 
 Prompt = str | list[int]
@@ -28,19 +29,28 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion through the continuous-batching scheduler, outputs in order."""
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion through the continuous-batching scheduler, outputs in order.
+
+        `lora_request`: one adapter for every prompt, or one per prompt (None: the base model), as
+        vLLM takes it; an adapter not yet registered is registered (read and checked) first."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
                        else [sampling_params or SamplingParams()] * len(prompts))
         if len(params_list) != len(prompts):
             raise ValueError("sampling_params: need one per prompt, or a single one for all")
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError("lora_request: need one per prompt, or a single one for all")
+        for lora in dict.fromkeys(x for x in loras if x is not None):
+            self.engine.add_lora(lora)
         order: list[str] = []
         results: dict[str, RequestOutput] = {}
-        for prompt, params in zip(prompts, params_list):
+        for prompt, params, lora in zip(prompts, params_list, loras):
             rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, prompt, params)
+            self.engine.add_request(rid, prompt, params, lora_request=lora)
             order.append(rid)
             results[rid] = RequestOutput(rid, [], [CompletionOutput(i) for i in range(params.n)],
                                          prompt=prompt if isinstance(prompt, str) else None)

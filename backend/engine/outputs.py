@@ -64,6 +64,11 @@ class EngineStats:
     # Gaps between consecutive tokens of a sequence (seconds) since the previous
     # stats(): each gap is in exactly one EngineStats.
     inter_token_gaps: tuple[float, ...] = ()
+    # LoRA (vLLM's vllm:lora_requests_info): the adapters with running / waiting requests now, and
+    # per adapter name the requests that ended (finished, aborted or failed) since the start.
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    lora_requests_finished_total: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)

@@ -45,6 +45,10 @@ class Request:
     # Requests whose KV may be shared carry the same cache key (tenant salt, or a
     # per-parent key when prefix caching is off so only the n siblings share).
     cache_key: str | None = None
+    # The LoRA adapter it runs with (0 / None: the base model); the scheduler bounds the distinct
+    # ids running at once by max_loras.
+    lora_int_id: int = 0
+    lora_name: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

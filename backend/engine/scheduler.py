@@ -27,6 +27,7 @@ class ScheduledRequest:
     # The last num_spec_tokens of token_ids are proposals to verify: the runner returns logits
     # for each of the last 1 + num_spec_tokens rows.
     num_spec_tokens: int = 0
+    lora_int_id: int = 0  # the LoRA adapter its rows run with (0: the base model)
 
 
 @dataclass(slots=True)
@@ -49,8 +50,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_loras: int | None = None) -> None:
         self.kv = kv
+        self.max_loras = max_loras  # None: no LoRA bound (adapters off)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -107,9 +110,18 @@ class Scheduler:
                 if victim is req:
                     break
 
-        # 2. Waiting requests in arrival order; stop at the first that does not fit (FCFS).
+        # 2. Waiting requests in arrival order; stop at the first that does not fit (FCFS). A request
+        # whose adapter finds no slot (max_loras distinct adapters run already) waits, and so do
+        # the adapter requests behind it, so the running adapters drain and it gets the next slot;
+        # base-model requests need no slot and go on.
+        active = {r.lora_int_id for r in self.running if r.lora_int_id}
+        skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.lora_int_id and self.max_loras is not None and (skipped or (
+                    req.lora_int_id not in active and len(active) >= self.max_loras)):
+                skipped.append(self.waiting.popleft())
+                continue
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             remaining = req.num_tokens - req.num_computed_tokens - num_hit_tokens
             num_new = min(remaining, budget)
@@ -128,6 +140,9 @@ class Scheduler:
             self.running.append(req)
             self._emit(out, req, num_new, new_blocks)
             budget -= num_new
+            if req.lora_int_id:
+                active.add(req.lora_int_id)
+        self.waiting.extendleft(reversed(skipped))
         return out
 
     @staticmethod
@@ -140,6 +155,7 @@ class Scheduler:
             new_block_ids=new_blocks,
             samples=start + num_new == req.num_tokens,
             num_spec_tokens=len(req.spec_token_ids),
+            lora_int_id=req.lora_int_id,
         ))
 
     def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:

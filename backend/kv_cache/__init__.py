@@ -17,6 +17,7 @@ _EXPORTS = {
     "layer_slots": ".kv_groups",
     "plan_groups": ".kv_groups",
     "describe": ".kv_budget",
+    "extra_key": ".block_hash",
     "kv_budget_bytes": ".kv_budget",
     "profile_query_lens": ".kv_budget",
     "read_host_memory": ".host_memory",

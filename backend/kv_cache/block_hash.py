@@ -2,7 +2,8 @@
 
 Starting from a fixed root and chaining through the parent makes a block's hash
 name its whole prefix, so a lookup walks the chain and stops at the first miss.
-The extra key carries the tenant's cache_salt: different salts never collide.
+The extra key carries the tenant's cache_salt and the LoRA adapter's id (`extra_key`): different
+salts or adapters never collide, and base-model blocks are shared by base-model requests only.
 """
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import hashlib
 from array import array
 
 ROOT_HASH = hashlib.sha256(b"kvserve-prefix-root-v1").digest()
+
+
+def extra_key(cache_key: str, lora_int_id: int = 0) -> str:
+    """A request's extra hash key: its cache key (salt, or a siblings' key) and its adapter (0: the
+    base model), length-prefixed so that no salt can spell another salt's key with an adapter."""
+    return f"{len(cache_key)}:{cache_key}:lora={lora_int_id}"
 
 
 def hash_block(parent: bytes, token_ids: tuple[int, ...] | list[int], extra_key: str) -> bytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvserve.backend.engine import Request
-from kvserve.backend.kv_cache.block_hash import extend_hash_chain
+from kvserve.backend.kv_cache.block_hash import extend_hash_chain, extra_key
 from kvserve.backend.kv_cache.block_pool import BlockPool, KVBlock
 from kvserve.backend.kv_cache.kv_groups import KVCacheGroup
 
@@ -81,7 +81,9 @@ class KVCacheManager:
             return hits, 0
         state = self._state(req)
         tokens = req.all_token_ids
-        extend_hash_chain(state.hashes, tokens, self.block_size, req.cache_key)
+        # The adapter joins the hash: blocks never cross adapters, nor adapter and base model.
+        extend_hash_chain(state.hashes, tokens, self.block_size, 
+                          extra_key(req.cache_key, req.lora_int_id))
         max_blocks = (len(tokens) - 1) // self.block_size
         for i in range(max_blocks):
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
@@ -158,7 +160,9 @@ class KVCacheManager:
         if num_full <= state.num_cached_blocks:
             return
         tokens = req.token_ids_slice(0, num_full * self.block_size)
-        extend_hash_chain(state.hashes, tokens, self.block_size, req.cache_key)
+        # The adapter joins the hash: blocks never cross adapters, nor adapter and base model.
+        extend_hash_chain(state.hashes, tokens, self.block_size, 
+                          extra_key(req.cache_key, req.lora_int_id))
         for i in range(state.num_cached_blocks, num_full):
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
             for g, table in enumerate(state.tables):

@@ -23,6 +23,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     traceparent: str | None
+    lora_name: str | None = None  # the adapter it runs with (seam.tensors.LORA_NAME_PARAM); None: the base model
 
 
 @dataclass(slots=True)
@@ -81,14 +82,19 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     except RecursionError:  # nested deeper than the parser (or a value's repr) can go
         raise invalid(T.SAMPLING_PARAMETERS, "nested too deeply") from None
     stream = first_scalar(pb_utils, request, T.STREAM)
-    traceparent = None
+    traceparent = lora_name = None
     try:
         extra = json.loads(request.parameters() or "{}")
-        value = extra.get(T.TRACEPARENT_PARAM)
-        traceparent = value if isinstance(value, str) else None
     except (AttributeError, json.JSONDecodeError, TypeError):
-        pass
-    return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent)
+        extra = {}
+    value = extra.get(T.TRACEPARENT_PARAM)
+    traceparent = value if isinstance(value, str) else None
+    lora = extra.get(T.LORA_NAME_PARAM)
+    if lora is not None:
+        if not isinstance(lora, str) or not lora:
+            raise invalid("model", "a LoRA adapter's name must be a non-empty string")
+        lora_name = lora
+    return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent, lora_name)
 
 
 def is_describe_request(request) -> bool:
@@ -102,7 +108,12 @@ def is_describe_request(request) -> bool:
 def describe_tensors(pb_utils, facts: dict) -> list:
     """The answer to a describe request: TEXT_OUTPUT holds the facts (seam.tensors.MODEL_FACTS) as JSON."""
     assert set(facts) == set(T.MODEL_FACTS), facts
-    return [pb_utils.Tensor(T.TEXT_OUTPUT, np.array([json.dumps(facts).encode()], dtype=np.object_))]
+    return text_tensors(pb_utils, json.dumps(facts))
+
+
+def text_tensors(pb_utils, text: str) -> list:
+    """A one-off answer (describe, LoRA control): TEXT_OUTPUT holds `text`."""
+    return [pb_utils.Tensor(T.TEXT_OUTPUT, np.array([text.encode()], dtype=np.object_))]
 
 
 def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -27,17 +29,35 @@ def _ns(seconds: float | None) -> int | None:
 
 
 class EngineTelemetry:
-    def __init__(self, metrics, model_name: str) -> None:
+    def __init__(self, metrics, model_name: str, max_loras: int = 0) -> None:
         self.metrics = metrics  # observability.metrics_backend.BackendMetrics, or None
         self.model_name = model_name
+        self.max_loras = max_loras
         self._last: EngineStats | None = None  # the totals already counted
+        # request id -> its LoRA adapter, from execute() (Triton's threads) to the engine thread's
+        # _finished, for the span attribute (RequestOutput does not carry the adapter).
+        self._adapters: dict[str, str] = {}
+        self._adapters_lock = threading.Lock()
+        self._lora_info: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._lora_info_at = 0.0
+
+    def request_adapter(self, request_id: str, lora_name: str | None) -> None:
+        """Before the request is queued: the adapter it runs with (None forgets it)."""
+        with self._adapters_lock:
+            if lora_name is None:
+                self._adapters.pop(request_id, None)
+            else:
+                self._adapters[request_id] = lora_name
 
     def __call__(self, stats: EngineStats, outputs: list[RequestOutput], started: float) -> None:
         if self.metrics is not None:
             self._record_metrics(stats)
         for out in outputs:
-            if out.finished and out.metrics is not None:
-                self._finished(out)
+            if out.finished:
+                with self._adapters_lock:
+                    adapter = self._adapters.pop(out.request_id, None)
+                if out.metrics is not None:
+                    self._finished(out, adapter)
 
     def _record_metrics(self, stats: EngineStats) -> None:
         m, last = self.metrics, self._last
@@ -57,23 +77,40 @@ class EngineTelemetry:
             [n - (before[j] if j < len(before) else 0) for j, n in enumerate(per_position)])
         for gap in stats.inter_token_gaps:
             m.on_token_latency(gap)
+        before_lora = dict(last.lora_requests_finished_total) if last else {}
+        for name, total in stats.lora_requests_finished_total:
+            m.on_lora_requests(name, total - before_lora.get(name, 0))
+        self._record_lora_info(stats)
 
-    def _finished(self, out: RequestOutput) -> None:
+    def _record_lora_info(self, stats: EngineStats) -> None:
+        """kvserve:lora_requests_info, as vLLM's: its value is when the adapters were last seen so;
+        refreshed when they change, else at most once a second (a step takes milliseconds)."""
+        if not self.max_loras:
+            return
+        info = (stats.lora_running, stats.lora_waiting)
+        now = time.time()
+        if info != self._lora_info or now - self._lora_info_at >= 1.0:
+            self._lora_info, self._lora_info_at = info, now
+            self.metrics.on_lora_info(info[0], info[1], self.max_loras, now)
+
+    def _finished(self, out: RequestOutput, adapter: str | None) -> None:
         rm = out.metrics
         reason = "error" if out.error else (rm.finish_reasons[-1] if rm.finish_reasons else "abort")
         if self.metrics is not None:
             queue_s = None if rm.first_scheduled is None else rm.first_scheduled - rm.arrival
             ttft_s = None if rm.first_token is None else rm.first_token - rm.arrival
             self.metrics.on_finished(reason, rm.finished - rm.arrival, queue_s, ttft_s)
+        attributes = {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
+                      sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
+                      sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens}
+        if adapter is not None:
+            attributes[sc.KVSERVE_LORA_NAME] = adapter
         record_request_spans(
             rm.traceparent, out.request_id,
             RequestTimeline(queued_ns=_ns(rm.arrival), finished_ns=_ns(rm.finished),
                             scheduled_ns=_ns(rm.first_scheduled), first_token_ns=_ns(rm.first_token),
                             preempted_ns=[_ns(t) for t in rm.preemptions]),
-            {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
-             sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
-             sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens},
-            finish_reason=reason, error=out.error)
+            attributes, finish_reason=reason, error=out.error)
 
 
 def _string_parameter(request, name: str) -> str | None:

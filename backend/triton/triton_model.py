@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from kvserve.backend.engine import (AsyncEngine, CompletionOutput, EngineClosed, EngineConfig, EngineOverloaded,
                                     RequestOutput, env_overrides)
 from kvserve.backend.models import DEFAULT_CHAT_MODEL, resolve_model_arg
+from kvserve.backend.triton.lora_adapters import (LoRAAdapters, listing_text, lora_control_text,
+                                                  lora_settings_from_triton)
 from kvserve.backend.triton.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
-                                          parse_request)
+                                                  parse_request, text_tensors)
 from kvserve.backend.triton.telemetry import EngineTelemetry, RequestLog
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
@@ -74,8 +76,18 @@ class TritonLLMModel:
             raise pb_utils.TritonModelException("kvserve's llm model must be decoupled")
         self._setup_observability()
         self.config = engine_config_from_triton(model_config)
+        lora_settings = lora_settings_from_triton(model_config)  # refused before the weights load
         metrics = self._backend_metrics(args)
-        self.engine = AsyncEngine(self.config, [EngineTelemetry(metrics, self.config.model_name)])
+        max_loras = self.config.max_loras if self.config.enable_lora else 0
+        self.telemetry = EngineTelemetry(metrics, self.config.model_name, max_loras)
+        self.engine = AsyncEngine(self.config, [self.telemetry])
+        self.lora = LoRAAdapters(self.engine, lora_settings, enabled=self.config.enable_lora,
+                                 base_model_name=self.config.model_name)
+        try:
+            self.lora.load_startup_modules()
+        except Exception:
+            self.engine.shutdown()
+            raise
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}  # the response thread's alone
@@ -111,6 +123,11 @@ class TritonLLMModel:
             if is_describe_request(request):
                 self._describe(sender)
                 continue
+            control = lora_control_text(request)
+            if control is not None:  # a load reads files: off the thread that queues requests
+                threading.Thread(target=self._lora_control, args=(sender, control), name="kvserve-lora-control",
+                                 daemon=True).start()
+                continue
             try:
                 parsed = parse_request(self.pb, request)
             except ValueError as exc:
@@ -121,22 +138,41 @@ class TritonLLMModel:
                          log=RequestLog.for_request(request, rid, parsed.traceparent))
             self._outputs.put((live, None))
             try:
+                # Resolved here, once: a request queued with an adapter keeps it even if it is
+                # unloaded before the request runs (the engine never frees it under a request).
+                lora = {} if parsed.lora_name is None else {"lora_request": self.lora.resolve(parsed.lora_name)}
+                self.telemetry.request_adapter(rid, parsed.lora_name)
                 self.engine.add_request(rid, parsed.prompt, parsed.params,
                                         lambda out, live=live: self._outputs.put((live, out)),
-                                        parsed.traceparent, arrival)
+                                        parsed.traceparent, arrival, **lora)
             except Exception as exc:
+                self.telemetry.request_adapter(rid, None)
                 self._outputs.put((live, _wire_error(exc)))
                 continue
             live.log.queued(parsed.prompt, parsed.params, parsed.stream, self.tokenizer)
         return None
 
     def _describe(self, sender) -> None:
-        facts = {"max_model_len": self.engine.max_model_len, "served_model_name": self.config.model_name}
+        facts = {"max_model_len": self.engine.max_model_len, "served_model_name": self.config.model_name,
+                 "enable_lora": self.lora.enabled}
         try:
             sender.send(self.pb.InferenceResponse(output_tensors=describe_tensors(self.pb, facts)),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:
             log.error("sending the model's description failed (%s)", type(exc).__name__)
+
+    def _lora_control(self, sender, order: str) -> None:
+        """A list, load or unload of LoRA adapters (seam.tensors.LORA_CONTROL_PARAM): one FINAL answer."""
+        try:
+            text = listing_text(self.lora.control(order))
+        except Exception as exc:
+            self._send_error(sender, _wire_error(exc))
+            return
+        try:
+            sender.send(self.pb.InferenceResponse(output_tensors=text_tensors(self.pb, text)),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:
+            log.error("sending a LoRA control answer failed (%s)", type(exc).__name__)
 
     def is_model_ready(self) -> bool:
         """Triton Python backend's user-defined readiness (ModelReady RPC): False
@@ -264,6 +300,8 @@ class TritonLLMModel:
             return errors.INVALID_ARG
         if kind in (ErrorKind.OVERLOADED, ErrorKind.SHUTDOWN, ErrorKind.TIMEOUT):
             return errors.UNAVAILABLE
+        if kind is ErrorKind.NOT_FOUND:
+            return errors.NOT_FOUND
         return errors.INTERNAL
 
 

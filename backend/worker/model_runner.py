@@ -102,6 +102,7 @@ class ModelRunner:
         quantize_model(self.model, config.quantization, self.device)
         if packs:
             pack_linears(self.model, block_codes)
+        self.lora = self._wrap_lora()
         self.ops = select_ops(config.attention_backend, self.device)
         self.block_size = config.block_size
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
@@ -120,6 +121,24 @@ class ModelRunner:
         # block go: only positions outside the window map there, and the window masks them).
         self.block_tables: dict[str, list[list[int]]] = {}
         self.graphs = self._capture_graphs()
+
+    def _wrap_lora(self):
+        """With enable_lora, the adapter slots and the model's projections wrapped over them (backend/lora/)."""
+        self.lora_lookup = None  # lora_int_id -> loaded adapter: the engine's registry sets it
+        if not self.config.enable_lora:
+            return None
+        from kvserve.backend.lora import LoRASlots, TargetShapes, wrap_model
+        slots = LoRASlots(TargetShapes.of(self.arch), self.config.max_loras, self.config.max_lora_rank,
+                          self.device, self.dtype)
+        wrap_model(self.model, slots)
+        log.info("LoRA: %d adapter slot(s) of rank <= %d (%.1f MiB)", slots.num_slots, slots.max_rank,
+                 slots.nbytes / 2**20)
+        return slots
+
+    def load_lora(self, lora):
+        """Read and check an adapter's files against this model (any thread)."""
+        from kvserve.backend.lora import TargetShapes, load_adapter
+        return load_adapter(lora, TargetShapes.of(self.arch), self.config.max_lora_rank)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -172,6 +191,9 @@ class ModelRunner:
     def _capture_graphs(self):
         """Decode CUDA graphs on CUDA with the Triton kernels (the torch path syncs with the host)."""
         if self.device.type != "cuda" or self.config.enforce_eager or self.ops.name != "triton":
+            return None
+        if self.lora is not None:  # each step's adapter rows are not part of a captured graph
+            log.info("CUDA graphs are not captured with --enable-lora: decode runs eagerly")
             return None
         if len(self.kv_groups) > 1 or self.kv_groups[0].window is not None:
             log.info("CUDA graphs are not captured for sliding-window models yet: decode runs eagerly")
@@ -295,6 +317,9 @@ class ModelRunner:
         if fault_step is not None and self.num_steps == fault_step:
             raise InjectedFault(f"injected fault at step {self.num_steps}")
         input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
+        if self.lora is not None:  # each request's rows run with its adapter (0: none)
+            self.lora.prepare([s.lora_int_id for s in out.scheduled], [len(s.token_ids) for s in out.scheduled],
+                              self.lora_lookup)
         if self.graphs is not None and meta.decode_only and self.graphs.can_run(input_ids.shape[0]):
             return self.graphs.run(input_ids, positions, meta, logits_indices), sample_ids
         logits = self.model(self.ops, input_ids, positions, self.kv_caches, meta, logits_indices)

@@ -19,6 +19,8 @@ _EXPORTS = {
     "EmbeddingBackend": ".protocol",
     "Fanout": ".fanout",
     "GenerateRequest": ".protocol",
+    "LoRAAdapterInfo": ".protocol",
+    "LoRAControl": ".protocol",
     "ModelFacts": ".protocol",
     "ReadinessCache": ".readiness",
     "ServerSpan": ".tracing_seam",

@@ -19,6 +19,7 @@ from kvserve.frontend.backend_client.protocol import (
     BackendRejected,
     ChoiceDelta,
     GenerateRequest,
+    LoRAAdapterInfo,
     ModelFacts,
     TokenLogprob,
     TopLogprob,
@@ -50,6 +51,8 @@ def build_request(model_name: str, req: GenerateRequest) -> service_pb2.ModelInf
     msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
     if req.traceparent:
         msg.parameters[T.TRACEPARENT_PARAM].string_param = req.traceparent
+    if req.lora_name is not None:
+        msg.parameters[T.LORA_NAME_PARAM].string_param = req.lora_name
     return msg
 
 
@@ -61,22 +64,53 @@ def build_describe_request(model_name: str) -> service_pb2.ModelInferRequest:
     return msg
 
 
-def parse_model_facts(resp: service_pb2.ModelInferResponse) -> ModelFacts | None:
-    """The describe answer; None when it is not one (a model that predates it answers otherwise)."""
+def build_lora_control_request(model_name: str, action: str, lora_name: str | None = None,
+                               lora_path: str | None = None) -> service_pb2.ModelInferRequest:
+    """List, load or unload LoRA adapters (seam.tensors.LORA_CONTROL_PARAM): no inputs, one FINAL answer."""
+    order: dict[str, str] = {"action": action}
+    if lora_name is not None:
+        order["lora_name"] = lora_name
+    if lora_path is not None:
+        order["lora_path"] = lora_path
+    msg = service_pb2.ModelInferRequest(model_name=model_name, id=f"kvserve-lora-{action}")
+    msg.parameters[T.LORA_CONTROL_PARAM].string_param = json.dumps(order)
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
+    return msg
+
+
+def _json_answer(resp: service_pb2.ModelInferResponse) -> Any:
     if not resp.outputs:
         return None
     try:
-        facts = json.loads(_ResponseTensors(resp).first_str(T.TEXT_OUTPUT))
+        return json.loads(_ResponseTensors(resp).first_str(T.TEXT_OUTPUT))
     except (ValueError, KeyError, IndexError, struct.error):
         return None
+
+
+def parse_lora_listing(resp: service_pb2.ModelInferResponse) -> list[LoRAAdapterInfo] | None:
+    """A LoRA control answer: the adapters served; None when the answer is not one."""
+    answer = _json_answer(resp)
+    if not isinstance(answer, dict) or not isinstance(answer.get("adapters"), list):
+        return None
+    adapters = []
+    for item in answer["adapters"]:
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("path"), str):
+            parent = item.get("parent")
+            adapters.append(LoRAAdapterInfo(item["name"], item["path"], parent if isinstance(parent, str) else None))
+    return adapters
+
+
+def parse_model_facts(resp: service_pb2.ModelInferResponse) -> ModelFacts | None:
+    """The describe answer; None when it is not one (a model that predates it answers otherwise)."""
+    facts = _json_answer(resp)
     if not isinstance(facts, dict):
         return None
-    length, name = facts.get("max_model_len"), facts.get("served_model_name")
+    length, name, lora = facts.get("max_model_len"), facts.get("served_model_name"), facts.get("enable_lora")
     if not (isinstance(length, int) and not isinstance(length, bool) and length > 0):
         length = None
     if not (isinstance(name, str) and 0 < len(name) <= 256):
         name = None
-    return ModelFacts(length, name)
+    return ModelFacts(length, name, lora if isinstance(lora, bool) else None)
 
 
 def _add_input(msg: service_pb2.ModelInferRequest, name: str, dtype: str, shape: list[int], raw: bytes) -> None:

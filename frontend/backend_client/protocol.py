@@ -43,6 +43,7 @@ class GenerateRequest:
     sampling: dict[str, Any]  # SamplingParams field -> value; sent as JSON
     stream: bool = True
     traceparent: str | None = None  # W3C trace context for the backend's spans
+    lora_name: str | None = None  # the LoRA adapter it runs with (the backend resolves it); None: the base model
 
 
 @dataclass(slots=True)
@@ -63,6 +64,16 @@ class ModelFacts:
 
     max_model_len: int | None
     served_model_name: str | None
+    enable_lora: bool | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class LoRAAdapterInfo:
+    """One LoRA adapter a backend serves (seam.tensors.LORA_ADAPTER_KEYS)."""
+
+    name: str
+    path: str
+    parent: str | None = None  # the base model it was given for (--lora-modules base_model_name)
 
 
 class BackendError(Exception):
@@ -121,6 +132,17 @@ class BackendClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoRAControl(Protocol):
+    """A backend that manages LoRA adapters (seam.tensors.LORA_CONTROL_PARAM). Optional: a
+    BackendClient without it serves no adapters. Every call answers the adapters served after
+    it; BackendRejected (kind NOT_FOUND: unknown name, INVALID: bad files or name) when refused.
+    A ReplicaSet applies load and unload to each replica."""
+
+    async def lora_control(self, action: str, lora_name: str | None = None,
+                           lora_path: str | None = None) -> list[LoRAAdapterInfo]: ...
 
 
 @dataclass(slots=True)

@@ -153,8 +153,9 @@ def start_client_span(target: str, model: str, triton_request_id: str) -> Client
 # --- gen_ai.* attributes on the server span ---------------------------------------------------
 
 def annotate_request(span: ServerSpan | None, *, response_id: str, model: str, chat: bool,
-                     sampling: dict[str, Any]) -> None:
-    """What was asked: gen_ai.request.* (only the fields the client set) and the response id."""
+                     sampling: dict[str, Any], lora_name: str | None = None) -> None:
+    """What was asked: gen_ai.request.* (only the fields the client set), the response id, and
+    the LoRA adapter the request runs with (kvserve.lora.name; absent for the base model)."""
     if span is None:
         return
     span.annotate({
@@ -170,6 +171,7 @@ def annotate_request(span: ServerSpan | None, *, response_id: str, model: str, c
         sc.GEN_AI_REQUEST_TOP_K: sampling.get("top_k"),
         sc.GEN_AI_REQUEST_SEED: sampling.get("seed"),
         sc.GEN_AI_REQUEST_N: sampling.get("n"),
+        sc.KVSERVE_LORA_NAME: lora_name,
     })
 
 

@@ -27,9 +27,11 @@ import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_request, classify_error, is_final,
-                                           parse_model_facts, parse_response)
-from kvserve.frontend.backend_client.protocol import BackendUnavailable, ChoiceDelta, GenerateRequest, ModelFacts
+from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_lora_control_request, build_request,
+                                                       classify_error, is_final, parse_lora_listing, parse_model_facts,
+                                                       parse_response)
+from kvserve.frontend.backend_client.protocol import (BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest,
+                                                     LoRAAdapterInfo, ModelFacts)
 from kvserve.frontend.backend_client.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
 
 log = logging.getLogger("kvserve.frontend.triton")
@@ -54,6 +56,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 _HEALTH_TIMEOUT_S = 2.0
+_LORA_TIMEOUT_S = 120.0  # a load reads and checks the adapter's files
 _CLOSE_GRACE_S = 1.0
 
 
@@ -104,6 +107,30 @@ class TritonBackendClient:
         finally:
             call.cancel()
         return None
+
+    async def lora_control(self, action: str, lora_name: str | None = None,
+                           lora_path: str | None = None) -> list[LoRAAdapterInfo]:
+        """One LoRA control request (seam.tensors.LORA_CONTROL_PARAM) on its own stream."""
+        stub = self._get_stub()
+        request = build_lora_control_request(self._model, action, lora_name, lora_path)
+
+        async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+
+        call = stub.ModelStreamInfer(outgoing(), timeout=_LORA_TIMEOUT_S if action == "load" else _HEALTH_TIMEOUT_S * 5)
+        try:
+            async for message in call:
+                if message.error_message:
+                    raise classify_error(message.error_message)
+                adapters = parse_lora_listing(message.infer_response)
+                if adapters is None:
+                    raise BackendFailed("the backend's model does not manage LoRA adapters")
+                return adapters
+        except grpc.aio.AioRpcError as exc:
+            raise BackendUnavailable(f"LoRA {action} failed: {exc.code().name}") from None
+        finally:
+            call.cancel()
+        raise BackendUnavailable(f"LoRA {action}: no answer")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         stub = self._get_stub()

@@ -63,6 +63,30 @@ def fraction(text: str) -> float:
     return value
 
 
+def lora_module(text: str) -> dict:
+    """`--lora-modules name=path`, or vLLM's JSON form '{"name": ..., "path": ..., "base_model_name": ...}'."""
+    text = text.strip()
+    if text.startswith("{"):
+        value = json_object(text)
+        if not isinstance(value.get("name"), str) or not isinstance(value.get("path"), str):
+            raise argparse.ArgumentTypeError("the JSON form needs string \"name\" and \"path\"")
+        unknown = set(value) - {"name", "path", "base_model_name"}
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown key(s) {sorted(unknown)} (name, path, base_model_name)")
+        if value.get("base_model_name") is not None and not isinstance(value["base_model_name"], str):
+            raise argparse.ArgumentTypeError("base_model_name must be a string")
+    else:
+        name, sep, path = text.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected NAME=PATH or a JSON object, got {text!r}")
+        value = {"name": name.strip(), "path": path.strip()}
+    if not value["name"] or value["name"].strip() != value["name"] or len(value["name"]) > 256:
+        raise argparse.ArgumentTypeError("an adapter name must be 1-256 characters without surrounding spaces")
+    if not value["path"]:
+        raise argparse.ArgumentTypeError(f"adapter {value['name']!r} has no path")
+    return {k: value[k] for k in ("name", "path", "base_model_name") if value.get(k) is not None}
+
+
 @dataclass(slots=True, frozen=True)
 class EngineFlag:
     flag: str
@@ -71,6 +95,7 @@ class EngineFlag:
     choices: tuple[str, ...] | None = None
     export: bool = True  # passed to the engine as KVSERVE_<FIELD>
     nargs: str | None = None
+    repeat: bool = False  # the flag may be given several times; the values add up (a list)
 
     @property
     def field(self) -> str:
@@ -114,6 +139,17 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--log-format", "log line format (gateway and engine)", choices=("json", "console")),
     EngineFlag("--log-requests", "one log line per request; prompts and outputs reach the logs only with this flag", None),
     EngineFlag("--chat-template", "chat template: a file or the Jinja text (gateway only)", export=False),
+    # LoRA (issue 33, docs/lora.md): vLLM's names; lora_modules and allow_runtime_lora_updating are
+    # the Triton model's parameters (backend/triton/lora_adapters.py), the others EngineConfig fields.
+    EngineFlag("--enable-lora", "serve LoRA adapters over the base model (a request picks one by `model`)", None),
+    EngineFlag("--lora-modules", "adapters served from the start: NAME=PATH (a PEFT folder) or the JSON form "
+               "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; several, or repeat the flag",
+               lora_module, nargs="+", repeat=True),
+    EngineFlag("--max-loras", "LoRA adapters resident at once (and at most this many in one batch)", positive_int),
+    EngineFlag("--max-cpu-loras", "LoRA adapters kept loaded in CPU memory (default: --max-loras)", positive_int),
+    EngineFlag("--max-lora-rank", "the largest LoRA rank accepted; bigger adapters are refused", positive_int),
+    EngineFlag("--allow-runtime-lora-updating", "mount POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+               "(they need the API key when one is set); off by default", None),
 )
 
 
@@ -129,6 +165,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                 kwargs["choices"] = f.choices
             if f.nargs:
                 kwargs["nargs"] = f.nargs
+            if f.repeat:
+                kwargs["action"] = "extend"
         group.add_argument(f.flag, **kwargs)
 
 
@@ -138,6 +176,8 @@ def _env_value(value: Any) -> str:
     if isinstance(value, dict):
         return json.dumps(value)  # --speculative-config: the engine parses it back
     if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], dict):
+            return json.dumps(list(value))  # --lora-modules: a JSON list, as the model's lora_modules
         return str(value[0])  # --served-model-name: the engine reports the first name
     return str(value)
 

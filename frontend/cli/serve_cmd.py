@@ -36,7 +36,9 @@ log = logging.getLogger("kvserve.frontend.serve")
 
 # Flags the gateway itself uses even when the engine runs elsewhere.
 _GATEWAY_SIDE = {"served_model_name", "tokenizer", "max_model_len", "chat_template", "log_format",
-                 "log_requests", "otlp_traces_endpoint", "block_size"}  # block_size: the prefix-affinity key
+                 "log_requests", "otlp_traces_endpoint", "block_size",  # block_size: the prefix-affinity key
+                 "enable_lora", "allow_runtime_lora_updating"}  # LoRA: which names and routes the gateway takes
+_LORA_FLAGS = ("lora_modules", "max_loras", "max_cpu_loras", "max_lora_rank", "allow_runtime_lora_updating")
 
 
 class UsageError(Exception):
@@ -159,8 +161,34 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         if remote and (not args.triton_url or is_dns_url(args.triton_url[0])):
             raise UsageError("--embedding-model with --triton-url needs a HOST:PORT first --triton-url "
                              "(embeddings go to that server's embed model)")
+    check_lora_flags(args, names, remote)
     return Plan(model, local, tokenizer_dir, names, remote, embedding,
                 args.embedding_served_model_name or embedding)
+
+
+def check_lora_flags(args: argparse.Namespace, names: list[str], remote: bool) -> None:
+    """LoRA flags that cannot work, refused before anything starts (each message names its flag)."""
+    if not args.enable_lora:
+        given = [f"--{f.replace('_', '-')}" for f in _LORA_FLAGS if getattr(args, f) not in (None, False, [])]
+        if given:
+            raise UsageError(f"{' '.join(given)}: needs --enable-lora")
+        return
+    seen: set[str] = set()
+    for module in args.lora_modules or []:
+        name, path = module["name"], module["path"]
+        if name in seen:
+            raise UsageError(f"--lora-modules: adapter {name!r} is given twice")
+        if name in names:
+            raise UsageError(f"--lora-modules: adapter {name!r} has the base model's served name")
+        seen.add(name)
+        if not remote:
+            folder = Path(path).expanduser()
+            if not folder.is_dir():
+                raise UsageError(f"--lora-modules {name}={path}: no such folder (a PEFT adapter folder: "
+                                 "adapter_config.json + adapter_model.safetensors)")
+            module["path"] = str(folder.resolve())  # the host may not share our working directory
+    if args.max_cpu_loras is not None and args.max_loras is not None and args.max_cpu_loras < args.max_loras:
+        raise UsageError(f"--max-cpu-loras ({args.max_cpu_loras}) must be >= --max-loras ({args.max_loras})")
 
 
 def model_repository(args: argparse.Namespace) -> str:
@@ -285,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             # (Unknown in front of remote backends without the flag: the gateway asks them.)
             max_model_len=args.max_model_len if plan.remote else derive_max_model_len(model_dir, args.max_model_len),
             learn_served_name=plan.remote and not args.served_model_name,
+            # In front of remote backends without --enable-lora: learned from them (describe).
+            enable_lora=True if args.enable_lora else (None if plan.remote else False),
+            allow_runtime_lora_updating=bool(args.allow_runtime_lora_updating),
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             cors=cors_policy_from_args(args),

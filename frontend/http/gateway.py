@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from kvserve.frontend.backend_client import BackendClient, BackendUnavailable, EmbeddingBackend, ReadinessCache
+from kvserve.frontend.backend_client import (BackendClient, BackendError, BackendUnavailable, EmbeddingBackend,
+                                             LoRAAdapterInfo, LoRAControl, ReadinessCache)
 from kvserve.frontend.http.api_keys import key_digest
 from kvserve.frontend.http.gateway_config import GatewayConfig
 from kvserve.frontend.openai import ApiError, backend_unavailable, model_not_found, shutting_down
@@ -54,15 +55,44 @@ class Gateway:
         return self.tokenizer.vocab_size if self.tokenizer is not None else None
 
     def resolve_model(self, name: str | None) -> str:
-        """The served name to report; a missing `model` means the default one."""
+        """The served name to report; a missing `model` means the default one. With LoRA on, any
+        other name is an adapter's: the backend resolves it (unknown: 404 model_not_found then),
+        so adapters loaded at run time, or through another gateway, need no list here."""
         if name is None:
             return self.default_model
         if name not in self.config.served_model_names:
             if name in self.config.embedding_model_names:
                 raise ApiError(400, "the requested model is an embedding model: it serves only /v1/embeddings",
                                param="model", code="model_not_supported")
-            raise model_not_found()
+            if not self.lora_possible:
+                raise model_not_found()
         return name
+
+    @property
+    def lora_possible(self) -> bool:
+        """The backend may serve LoRA adapters (it does, or has not said yet)."""
+        return self.config.enable_lora is not False and isinstance(self.backend, LoRAControl)
+
+    def lora_of(self, model: str) -> str | None:
+        """The adapter a resolved `model` names; None: the base model."""
+        return None if model in self.config.served_model_names else model
+
+    async def lora_adapters(self) -> list[LoRAAdapterInfo]:
+        """The adapters the backend serves now ([] when none, or it cannot say)."""
+        if not self.lora_possible:
+            return []
+        try:
+            return await self.backend.lora_control("list")  # type: ignore[attr-defined]
+        except BackendError:
+            return []
+
+    async def resolve_known_model(self, name: str | None) -> str:
+        """resolve_model for routes that do not reach the engine (/tokenize, /v1/models/{id}): an
+        adapter's name must be one the backend lists."""
+        model = self.resolve_model(name)
+        if self.lora_of(model) is not None and all(a.name != model for a in await self.lora_adapters()):
+            raise model_not_found()
+        return model
 
     def token_text(self, token_id: int) -> str:
         """A token's text for logprobs (the engine sends ids); vLLM's `token_id:N`
@@ -119,7 +149,8 @@ class Gateway:
         A describe that failed in transport (a timeout while the host was busy) answered nothing:
         it is asked again, by requests at most every FACTS_RETRY_S and by the start-up loop."""
         async with self._facts_lock:
-            if self.facts_asked or (self.config.max_model_len is not None and not self.config.learn_served_name):
+            if self.facts_asked or (self.config.max_model_len is not None and not self.config.learn_served_name
+                                    and self.config.enable_lora is not None):
                 self.facts_asked = True
                 return
             try:
@@ -128,12 +159,15 @@ class Gateway:
                 self._facts_retry_at = time.monotonic() + FACTS_RETRY_S
                 return
             self.facts_asked = True
+            if self.config.enable_lora is None:  # a model that cannot say serves no adapters
+                self.config.enable_lora = bool(facts is not None and facts.enable_lora)
             if facts is None:
                 return
             if self.config.max_model_len is None and facts.max_model_len is not None:
                 self.config.max_model_len = facts.max_model_len
             if self.config.learn_served_name and facts.served_model_name:
                 self.config.served_model_names = [facts.served_model_name]
+
 
     async def learn_model_facts_when_ready(self, interval_s: float = 1.0) -> None:
         """At startup, so /v1/models names the model before the first request."""

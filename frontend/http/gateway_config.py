@@ -49,6 +49,10 @@ class GatewayConfig:
     # Stored /v1/responses answers (previous_response_id): at most this many; 0 keeps none
     # (--disable-response-store). The byte bound is the store's own (responses_api/response_store.py).
     response_store_entries: int = 1024
+    # LoRA adapters (docs/lora.md): a `model` that is not a served name goes to the backend as an
+    # adapter's name. False: none are served; None: unknown (remote backends): learned by describe.
+    enable_lora: bool | None = False
+    allow_runtime_lora_updating: bool = False  # mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
     embedding_model_names: list[str] = field(default_factory=list)  # served by Gateway.embedder
     embedding_model_root: str | None = None
     embedding_max_model_len: int | None = None

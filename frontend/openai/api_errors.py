@@ -123,6 +123,8 @@ def from_backend(exc: Exception, *, prompt_param: str, constraint_param: str | N
             return ApiError(408, exc.message, code="timeout", type="timeout_error")
         if exc.kind is ErrorKind.CONTEXT_LENGTH:
             return ApiError(400, exc.message, param=prompt_param, code="context_length_exceeded")
+        if exc.kind is ErrorKind.NOT_FOUND:  # a LoRA adapter the backend does not serve (or no longer)
+            return model_not_found()
         param = exc.param
         if param == T.SAMPLING_PARAMETERS:
             param = None

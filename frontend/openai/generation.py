@@ -135,7 +135,7 @@ async def _fanout(gateway: Gateway, subs: list[GenerateRequest], request: web.Re
 def annotate_call(call: Call, subs: list[GenerateRequest]) -> None:
     """The server span's gen_ai.request.* attributes, once per call."""
     annotate_request(request_span(), response_id=call.rid, model=call.model, chat=call.chat,
-                     sampling=subs[0].sampling if subs else {})
+                     sampling=subs[0].sampling if subs else {}, lora_name=subs[0].lora_name if subs else None)
 
 
 async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest], stream: bool) -> web.StreamResponse:

@@ -111,6 +111,10 @@ async def create_embeddings(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     req = parse_embeddings(body)
+    if (req.model is not None and req.model not in gateway.config.embedding_model_names
+            and any(a.name == req.model for a in await gateway.lora_adapters())):
+        raise ApiError(400, "the requested model is a LoRA adapter: adapters serve generation only, not "
+                            "/v1/embeddings", param="model", code="model_not_supported")
     model = _embedding_model(gateway, req.model)
     await gateway.ensure_embedder_ready()
     rid = f"embd-{uuid.uuid4().hex}"

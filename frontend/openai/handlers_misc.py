@@ -7,9 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
+from kvserve.frontend.backend_client import LoRAAdapterInfo
 from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
 from kvserve.frontend.openai import fields as F
-from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, shutting_down
+from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, model_not_found, shutting_down
 from kvserve.frontend.openai.api_requests import parse_messages
 from kvserve.frontend.openai.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openai.openapi import openapi_document
@@ -24,6 +25,12 @@ def _replicas(gateway: Gateway) -> dict[str, int] | None:
         return None
     replicas = status()
     return {"ready": sum(r.ready for r in replicas), "total": len(replicas)}
+
+
+def _adapter_card(gateway: Gateway, adapter: LoRAAdapterInfo) -> dict[str, Any]:
+    """A LoRA adapter as vLLM lists it: its name, the base model as `parent`, its folder as `root`."""
+    return {**_model_card(gateway, gateway.default_model), "id": adapter.name, "root": adapter.path,
+            "parent": adapter.parent or gateway.default_model}
 
 
 def _model_card(gateway: Gateway, name: str) -> dict[str, Any]:
@@ -48,7 +55,9 @@ async def list_models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     await gateway.learn_model_facts_if_ready()
     names = [*gateway.config.served_model_names, *gateway.config.embedding_model_names]
-    return web.json_response({"object": "list", "data": [_model_card(gateway, n) for n in names]})
+    cards = [_model_card(gateway, n) for n in names]
+    cards += [_adapter_card(gateway, a) for a in await gateway.lora_adapters() if a.name not in names]
+    return web.json_response({"object": "list", "data": cards})
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -57,6 +66,11 @@ async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if name not in gateway.config.embedding_model_names:
         name = gateway.resolve_model(name)
+        if gateway.lora_of(name) is not None:
+            adapter = next((a for a in await gateway.lora_adapters() if a.name == name), None)
+            if adapter is None:
+                raise model_not_found()
+            return web.json_response(_adapter_card(gateway, adapter))
     return web.json_response(_model_card(gateway, name))
 
 
@@ -92,7 +106,7 @@ async def version(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
-    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    await gateway.resolve_known_model(F.opt_str(body, "model", max_len=512))
     tok = gateway.require_tokenizer()
     add_special = F.opt_bool(body, "add_special_tokens")
     add_gen = F.opt_bool(body, "add_generation_prompt")
@@ -114,7 +128,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
-    gateway.resolve_model(F.opt_str(body, "model", max_len=512))
+    await gateway.resolve_known_model(F.opt_str(body, "model", max_len=512))
     tok = gateway.require_tokenizer()
     if body.get("tokens") is None:
         raise bad_request("'tokens' is required", param="tokens")

@@ -57,10 +57,13 @@ def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
 
 # Response and Triton request ids are always fresh uuids: the engine keys its
 # requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
-def subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool) -> list[GenerateRequest]:
+def subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool,
+                lora_name: str | None = None) -> list[GenerateRequest]:
+    """`lora_name`: the adapter the call's `model` names (Gateway.lora_of), None for the base model."""
     traceparent = backend_traceparent(request_span())
     return [
-        GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent)
+        GenerateRequest(request_id=f"{rid}-{i}", prompt=p, sampling=sampling, stream=stream, traceparent=traceparent,
+                        lora_name=lora_name)
         for i, p in enumerate(prompts)
     ]
 
@@ -84,7 +87,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
                 include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param)
-    subs = subrequests(request, rid, req.prompts, req.sampling, req.stream)
+    subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 
 
@@ -132,5 +135,5 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
                 constraint_param=req.constraint_param, tools=req.tools)
-    subs = subrequests(request, rid, [ids], req.sampling, req.stream)
+    subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

@@ -7,6 +7,7 @@ from kvserve.frontend.http import GATEWAY
 from kvserve.frontend.openai import handlers_misc as misc
 from kvserve.frontend.openai.anthropic.handlers_messages import count_message_tokens, create_message
 from kvserve.frontend.openai.handlers_embeddings import create_embeddings
+from kvserve.frontend.openai.handlers_lora import add_lora_routes
 from kvserve.frontend.openai.handlers_openai import create_chat_completion, create_completion
 from kvserve.frontend.openai.responses_api.handlers_responses import (create_response, delete_response,
                                                                       get_response)
@@ -31,4 +32,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", misc.openapi, allow_head=False)
     app.router.add_post("/tokenize", misc.tokenize)
     app.router.add_post("/detokenize", misc.detokenize)
+    if app[GATEWAY].config.allow_runtime_lora_updating:
+        add_lora_routes(app)
 

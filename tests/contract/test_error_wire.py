@@ -9,7 +9,7 @@ from kvserve.frontend.openai.api_errors import from_backend
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 
 _HTTP = {ErrorKind.INVALID: 400, ErrorKind.CONTEXT_LENGTH: 400, ErrorKind.OVERLOADED: 503,
-         ErrorKind.SHUTDOWN: 503, ErrorKind.TIMEOUT: 408, ErrorKind.INTERNAL: 500}
+         ErrorKind.SHUTDOWN: 503, ErrorKind.TIMEOUT: 408, ErrorKind.NOT_FOUND: 404, ErrorKind.INTERNAL: 500}
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind), ids=lambda k: k.value)
@@ -46,5 +46,7 @@ def test_each_kind_has_its_http_answer(kind) -> None:
         assert api.param == "temperature"
     if kind is ErrorKind.CONTEXT_LENGTH:
         assert (api.param, api.code) == ("messages", "context_length_exceeded")
+    if kind is ErrorKind.NOT_FOUND:  # an unknown LoRA adapter reads as an unknown model
+        assert (api.param, api.code) == ("model", "model_not_found")
     if kind is ErrorKind.INTERNAL:
         assert "msg" not in api.message  # internal details stay in the server's log

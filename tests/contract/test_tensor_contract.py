@@ -100,8 +100,12 @@ def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
 
 
 def test_config_parameters_are_engine_config_fields() -> None:
-    """A misspelt engine argument in config.pbtxt would be dropped without a word."""
-    assert set(_config().parameters) <= set(EngineConfig.field_names())
+    """A misspelt engine argument in config.pbtxt would be dropped without a word (the Triton
+    model's own LoRA parameters are read by backend/triton/lora_adapters.py)."""
+    from kvserve.backend.triton.lora_adapters import MODEL_PARAMETERS
+
+    assert not set(MODEL_PARAMETERS) & set(EngineConfig.field_names())
+    assert set(_config().parameters) <= set(EngineConfig.field_names()) | set(MODEL_PARAMETERS)
 
 
 def test_logprobs_cross_as_numbers_and_come_back_whole() -> None:
@@ -134,9 +138,9 @@ def test_a_describe_request_is_recognised_and_its_answer_read_back() -> None:
     assert backend_codec.is_describe_request(request) and not msg.inputs
     prompt = types.SimpleNamespace(parameters=lambda: json.dumps({T.TRACEPARENT_PARAM: "00-x"}))
     assert not backend_codec.is_describe_request(prompt)
-    facts = {"max_model_len": 4096, "served_model_name": "m"}
+    facts = {"max_model_len": 4096, "served_model_name": "m", "enable_lora": True}
     tensors = backend_codec.describe_tensors(types.SimpleNamespace(Tensor=Tensor), facts)
     resp = encode_response(InferenceResponse(output_tensors=tensors), model_name="llm", model_version="1",
                            request_id="r", requested_outputs=None)
     got = gateway_codec.parse_model_facts(resp)
-    assert (got.max_model_len, got.served_model_name) == (4096, "m")
+    assert (got.max_model_len, got.served_model_name, got.enable_lora) == (4096, "m", True)

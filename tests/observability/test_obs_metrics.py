@@ -35,6 +35,8 @@ DESIGN_NAMES = {
     "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_accepted_tokens_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_proposer_errors_total": m.MetricKind.COUNTER,
+    "kvserve:lora_requests_info": m.MetricKind.GAUGE,  # issue 33: vLLM's vllm:lora_requests_info
+    "kvserve:lora_requests_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_accepted_tokens_per_pos_total": m.MetricKind.COUNTER,
     "kvserve:http_requests_total": m.MetricKind.COUNTER,
     "kvserve:http_request_duration_seconds": m.MetricKind.HISTOGRAM,

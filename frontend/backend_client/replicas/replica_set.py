@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
 from kvserve.frontend.backend_client.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
-                                                 GenerateRequest, ModelFacts)
+                                                 GenerateRequest, LoRAAdapterInfo, LoRAControl, ModelFacts)
 from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.backend_client.replicas.router_metrics import RouterMetrics
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose
@@ -313,6 +313,31 @@ class ReplicaSet:
         if failed:
             raise BackendUnavailable("no replica answered the describe request")
         return None
+
+    async def lora_control(self, action: str, lora_name: str | None = None,
+                           lora_path: str | None = None) -> list[LoRAAdapterInfo]:
+        """list: the first ready replica's adapters. load and unload: applied to every ready replica
+        (each runs its own engine), the answer of the first; a refusal by any replica is raised
+        (the same files and names give the same refusal everywhere). A replica that was out
+        while an adapter was loaded does not have it: load it again once the replica is back."""
+        replicas = [r for r in self._replicas if r.ready and isinstance(r.client, LoRAControl)]
+        if not replicas:
+            raise BackendUnavailable("no ready replica")
+        if action == "list":
+            last: BackendError | None = None
+            for replica in replicas:
+                try:
+                    return await replica.client.lora_control(action)  # type: ignore[attr-defined]
+                except BackendUnavailable as exc:
+                    last = exc
+            assert last is not None
+            raise last
+        answers = await asyncio.gather(*(r.client.lora_control(action, lora_name, lora_path)  # type: ignore[attr-defined]
+                                         for r in replicas), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return answers[0]  # type: ignore[return-value]
 
     # ---- metrics and shutdown ---------------------------------------------------------------
     async def metrics_text(self) -> str:

@@ -26,7 +26,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     rid = f"msg_{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, 1, chat=True, logprobs=False, include_usage=False,
                 constraint_param=chat.constraint_param, tools=chat.tools)
-    subs = subrequests(request, rid, [ids], chat.sampling, req.stream)
+    subs = subrequests(request, rid, [ids], chat.sampling, req.stream, gateway.lora_of(model))
     annotate_call(call, subs)
     if req.stream:
         return await stream_call(request, gateway, call, subs, MessagesStream(rid, model, len(ids), req.stop_sequences))
@@ -40,6 +40,6 @@ async def count_message_tokens(request: web.Request) -> web.Response:
     body = await read_json_body(request, gateway.config.max_request_body_bytes, gateway.config.body_timeout)
     req = parse_messages_request({**body, "max_tokens": 1 if body.get("max_tokens") is None else body["max_tokens"]}, gateway.vocab_size,
                                  gateway.config.tools)
-    gateway.resolve_model(req.chat.model)
+    await gateway.resolve_known_model(req.chat.model)
     ids = await chat_prompt_ids(gateway, req.chat.messages, True, req.chat.tools)
     return web.json_response({"input_tokens": len(ids)})

@@ -46,7 +46,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     meta = ResponseMeta(new_id("resp"), int(time.time()), model, req.echo, store=req.store and store.enabled)
     call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=False, include_usage=False,
                 constraint_param=chat.constraint_param, tools=chat.tools, input_param="input")
-    subs = subrequests(request, meta.id, [ids], chat.sampling, req.stream)
+    subs = subrequests(request, meta.id, [ids], chat.sampling, req.stream, gateway.lora_of(model))
     annotate_call(call, subs)
 
     def keep(response: dict[str, Any], items: list[dict[str, Any]]) -> None:
