@@ -13,4 +13,5 @@ MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements
 # Every integer a client sets fits in an int64 (as in vLLM): beyond it a value cannot be a span
 # attribute (the OTLP exporter fails the whole batch), a protobuf int64 or a torch seed.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LORA_NAME_CHARS = 256  # a LoRA adapter's name (--lora-modules, load_lora_adapter, a request's model)
 MAX_EMBEDDING_INPUTS = 2048  # inputs of one /v1/embeddings request (OpenAI's limit); a model may allow fewer

@@ -379,6 +379,12 @@ class LLMEngine:
         if self.loras is None:
             raise LoRAError("LoRA adapters are off: start the engine with --enable-lora (enable_lora=True)")
 
+    def _registered(self, lora_name: str) -> LoRARegistry:
+        """The registry, for a lookup by name: with LoRA off, no name is an adapter's."""
+        if self.loras is None:
+            raise LoRAError(f"adapter {lora_name!r} is not loaded (LoRA is off: --enable-lora)", not_found=True)
+        return self.loras
+
     def add_lora(self, lora: LoRARequest) -> None:
         """Read, check and register an adapter; the same name and path again is a no-op."""
         self._check_lora_enabled()
@@ -386,17 +392,13 @@ class LLMEngine:
 
     def remove_lora(self, lora_name: str) -> None:
         """Unregister an adapter; requests already running with it finish with it."""
-        if self.loras is None:
-            raise LoRAError(f"adapter {lora_name!r} is not loaded (LoRA is off: --enable-lora)", not_found=True)
-        self.loras.remove(lora_name)
+        self._registered(lora_name).remove(lora_name)
 
     def list_loras(self) -> list[LoRARequest]:
         return [] if self.loras is None else self.loras.list()
 
     def resolve_lora(self, lora_name: str) -> LoRARequest:
-        if self.loras is None:
-            raise LoRAError(f"adapter {lora_name!r} is not loaded (LoRA is off: --enable-lora)", not_found=True)
-        return self.loras.resolve(lora_name)
+        return self._registered(lora_name).resolve(lora_name)
 
     # ---- introspection for metrics, tests and the async wrapper ------------------------------
     def stats(self) -> EngineStats:

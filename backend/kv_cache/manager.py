@@ -63,6 +63,10 @@ class KVCacheManager:
         state = self._reqs.get(request_id)
         return 0 if state is None else sum(b is not None for table in state.tables for b in table)
 
+    def _extend_hashes(self, state: _RequestBlocks, req: Request, tokens: list[int]) -> None:
+        # The adapter joins the hash: blocks never cross adapters, nor adapter and base model.
+        extend_hash_chain(state.hashes, tokens, self.block_size, extra_key(req.cache_key, req.lora_int_id))
+
     def _state(self, req: Request) -> _RequestBlocks:
         state = self._reqs.get(req.request_id)
         if state is None:
@@ -81,9 +85,7 @@ class KVCacheManager:
             return hits, 0
         state = self._state(req)
         tokens = req.all_token_ids
-        # The adapter joins the hash: blocks never cross adapters, nor adapter and base model.
-        extend_hash_chain(state.hashes, tokens, self.block_size, 
-                          extra_key(req.cache_key, req.lora_int_id))
+        self._extend_hashes(state, req, tokens)
         max_blocks = (len(tokens) - 1) // self.block_size
         for i in range(max_blocks):
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
@@ -160,9 +162,7 @@ class KVCacheManager:
         if num_full <= state.num_cached_blocks:
             return
         tokens = req.token_ids_slice(0, num_full * self.block_size)
-        # The adapter joins the hash: blocks never cross adapters, nor adapter and base model.
-        extend_hash_chain(state.hashes, tokens, self.block_size, 
-                          extra_key(req.cache_key, req.lora_int_id))
+        self._extend_hashes(state, req, tokens)
         for i in range(state.num_cached_blocks, num_full):
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
             for g, table in enumerate(state.tables):

@@ -43,7 +43,7 @@ class LoRAProjection(nn.Module):
             lora_triton(x, y, a, bt, s.scales, s.ranks[target], g.order, g.row_slots, offset)
         elif not cpu_native.lora(x, y, a, bt, s.scales, s.ranks[target], g.order, g.group_starts, g.group_slots,
                                  offset):
-            lora_torch(x, y, a, bt, s.scales, s._ranks_list[target], g.order, g.starts, g.slots, offset)
+            lora_torch(x, y, a, bt, s.scales, s.ranks_list[target], g.order, g.starts, g.slots, offset)
 
 
 def wrap_model(model: nn.Module, slots: LoRASlots) -> None:

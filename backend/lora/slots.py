@@ -47,7 +47,7 @@ class LoRASlots:
                    for t, (_, fan_out) in shapes.shapes.items()}
         self.scales = torch.zeros(max_loras, dtype=torch.float32, device=device)
         self.ranks = {t: torch.zeros(max_loras, dtype=torch.int64, device=device) for t in shapes.shapes}
-        self._ranks_list = {t: [0] * max_loras for t in shapes.shapes}
+        self.ranks_list = {t: [0] * max_loras for t in shapes.shapes}  # `ranks` as lists (the torch path)
         # lora_int_id -> (slot, the adapter object loaded there), least recently used first.
         self._resident: OrderedDict[int, tuple[int, LoRAAdapter]] = OrderedDict()
         self._free = list(range(max_loras - 1, -1, -1))
@@ -88,7 +88,7 @@ class LoRASlots:
         r = adapter.rank
         for target in self.shapes.shapes:
             present = target in adapter.targets
-            self._ranks_list[target][slot] = r if present else 0
+            self.ranks_list[target][slot] = r if present else 0
             self.a[target][:, slot].zero_()
             self.bt[target][:, slot].zero_()
             if not present:
@@ -97,7 +97,7 @@ class LoRASlots:
                 a, b = adapter.weights[(layer, target)]
                 self.a[target][layer, slot, :r].copy_(a)
                 self.bt[target][layer, slot, :r].copy_(b.T)
-        for target, ranks in self._ranks_list.items():
+        for target, ranks in self.ranks_list.items():
             self.ranks[target].copy_(torch.tensor(ranks, dtype=torch.int64))
         self.scales[slot] = adapter.scaling
         self.num_loads += 1

@@ -19,13 +19,13 @@ from typing import Any
 
 from kvserve.seam import tensors as T
 from kvserve.seam.error_wire import ErrorKind, RequestError
+from kvserve.seam.limits import MAX_LORA_NAME_CHARS
 
 log = logging.getLogger("kvserve.backend.lora")
 
 # config.pbtxt parameters (and KVSERVE_<NAME> variables) that are the Triton model's, not
 # EngineConfig fields: the engine takes adapters one at a time through add_lora.
 MODEL_PARAMETERS = ("lora_modules", "allow_runtime_lora_updating")
-_MAX_NAME = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +86,8 @@ def parse_lora_modules(text: str) -> tuple[LoRAModule, ...]:
 
 
 def check_name(name: str, param: str) -> None:
-    if not name or len(name) > _MAX_NAME or name.strip() != name:
-        raise RequestError(f"{param}: an adapter name must be 1-{_MAX_NAME} characters without surrounding "
+    if not name or len(name) > MAX_LORA_NAME_CHARS or name.strip() != name:
+        raise RequestError(f"{param}: an adapter name must be 1-{MAX_LORA_NAME_CHARS} characters without surrounding "
                            "spaces", param)
 
 
@@ -191,7 +191,7 @@ class LoRAAdapters:
 
 
 def _not_found(name: str) -> RequestError:
-    return RequestError(f"model: no model or LoRA adapter is named {name[:_MAX_NAME]!r}", "model",
+    return RequestError(f"model: no model or LoRA adapter is named {name[:MAX_LORA_NAME_CHARS]!r}", "model",
                         ErrorKind.NOT_FOUND)
 
 

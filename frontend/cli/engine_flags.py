@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvserve.seam.limits import MAX_LORA_NAME_CHARS
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
@@ -80,8 +82,9 @@ def lora_module(text: str) -> dict:
         if not sep:
             raise argparse.ArgumentTypeError(f"expected NAME=PATH or a JSON object, got {text!r}")
         value = {"name": name.strip(), "path": path.strip()}
-    if not value["name"] or value["name"].strip() != value["name"] or len(value["name"]) > 256:
-        raise argparse.ArgumentTypeError("an adapter name must be 1-256 characters without surrounding spaces")
+    if not value["name"] or value["name"].strip() != value["name"] or len(value["name"]) > MAX_LORA_NAME_CHARS:
+        raise argparse.ArgumentTypeError(f"an adapter name must be 1-{MAX_LORA_NAME_CHARS} characters without "
+                                         "surrounding spaces")
     if not value["path"]:
         raise argparse.ArgumentTypeError(f"adapter {value['name']!r} has no path")
     return {k: value[k] for k in ("name", "path", "base_model_name") if value.get(k) is not None}

@@ -86,11 +86,15 @@ class Gateway:
         except BackendError:
             return []
 
+    async def lora_adapter(self, name: str) -> LoRAAdapterInfo | None:
+        """The adapter the backend serves under `name`, if any."""
+        return next((a for a in await self.lora_adapters() if a.name == name), None)
+
     async def resolve_known_model(self, name: str | None) -> str:
         """resolve_model for routes that do not reach the engine (/tokenize, /v1/models/{id}): an
         adapter's name must be one the backend lists."""
         model = self.resolve_model(name)
-        if self.lora_of(model) is not None and all(a.name != model for a in await self.lora_adapters()):
+        if self.lora_of(model) is not None and await self.lora_adapter(model) is None:
             raise model_not_found()
         return model
 
@@ -167,7 +171,6 @@ class Gateway:
                 self.config.max_model_len = facts.max_model_len
             if self.config.learn_served_name and facts.served_model_name:
                 self.config.served_model_names = [facts.served_model_name]
-
 
     async def learn_model_facts_when_ready(self, interval_s: float = 1.0) -> None:
         """At startup, so /v1/models names the model before the first request."""

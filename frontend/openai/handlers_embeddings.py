@@ -112,7 +112,7 @@ async def create_embeddings(request: web.Request) -> web.Response:
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     req = parse_embeddings(body)
     if (req.model is not None and req.model not in gateway.config.embedding_model_names
-            and any(a.name == req.model for a in await gateway.lora_adapters())):
+            and await gateway.lora_adapter(req.model) is not None):
         raise ApiError(400, "the requested model is a LoRA adapter: adapters serve generation only, not "
                             "/v1/embeddings", param="model", code="model_not_supported")
     model = _embedding_model(gateway, req.model)

@@ -16,8 +16,8 @@ from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, from_backend
 from kvserve.seam.error_wire import ErrorKind
+from kvserve.seam.limits import MAX_LORA_NAME_CHARS
 
-_MAX_NAME = 256
 _MAX_PATH = 4096
 
 
@@ -27,7 +27,7 @@ def add_lora_routes(app: web.Application) -> None:
 
 
 def _name(gateway: Gateway, body: dict) -> str:
-    name = F.opt_str(body, "lora_name", max_len=_MAX_NAME, allow_empty=False)
+    name = F.opt_str(body, "lora_name", max_len=MAX_LORA_NAME_CHARS, allow_empty=False)
     if name is None:
         raise bad_request("'lora_name' is required", param="lora_name")
     if name in gateway.config.served_model_names or name in gateway.config.embedding_model_names:

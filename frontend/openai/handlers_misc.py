@@ -67,7 +67,7 @@ async def get_model(request: web.Request) -> web.Response:
     if name not in gateway.config.embedding_model_names:
         name = gateway.resolve_model(name)
         if gateway.lora_of(name) is not None:
-            adapter = next((a for a in await gateway.lora_adapters() if a.name == name), None)
+            adapter = await gateway.lora_adapter(name)
             if adapter is None:
                 raise model_not_found()
             return web.json_response(_adapter_card(gateway, adapter))
