@@ -16,7 +16,9 @@ callers keep their torch path.
 - cpu_grid_linear.c: few-row linear layers over float32 weights kept as the codes of
   their block grid (backend/models/grid_weights.py);
 - cpu_lora.c: the batched LoRA shrink/expand of a step's rows grouped by adapter slot
-  (kernels/lora_sgmv.py has the torch reference).
+  (kernels/lora_sgmv.py has the torch reference);
+- cpu_decode_step.c: a Llama-family or Gemma 3 decoder stack for one decode step over the kernels above, in one call
+  (backend/models/native_decode.py drives it).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
-                         "cpu_grid_linear.c", "cpu_lora.c")]
+                         "cpu_grid_linear.c", "cpu_lora.c", "cpu_decode_step.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -124,6 +126,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
+    lib.kvserve_decode_step_f32.argtypes = [p, p, i64, p, p, p]
+    lib.kvserve_decode_step_f32.restype = ctypes.c_int
     return lib
 
 
@@ -132,7 +136,7 @@ def available() -> bool:
 
 
 # The C source's stack-buffer bounds (KVSERVE_MAX_*): larger shapes keep the torch path.
-_MAX_HEADS, _MAX_HEAD_DIM, _MAX_BLOCK = 64, 256, 64
+MAX_HEADS, MAX_HEAD_DIM, MAX_BLOCK = 64, 256, 64
 
 # The cache dtypes the decode kernel reads, as its KVSERVE_KV_* format codes.
 _KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
@@ -152,8 +156,8 @@ def supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
     """The kernel's case: float32 CPU queries, contiguous caches of a format it reads, shapes within its bounds."""
     _, block_size, num_kv_heads, head_dim = key_cache.shape
     return (query.device.type == "cpu" and query.dtype == torch.float32 and key_cache.dtype in _KV_FORMATS
-            and key_cache.is_contiguous() and query.shape[1] <= _MAX_HEADS
-            and head_dim <= _MAX_HEAD_DIM and block_size <= _MAX_BLOCK and available())
+            and key_cache.is_contiguous() and query.shape[1] <= MAX_HEADS
+            and head_dim <= MAX_HEAD_DIM and block_size <= MAX_BLOCK and available())
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -213,11 +217,11 @@ def kv_to_f32(values: torch.Tensor) -> torch.Tensor:
 
 # Below this many elements an elementwise op stays on the calling thread: an OpenMP region's
 # start and barrier cost more than the work (decode steps: a few rows of the hidden size).
-_PARALLEL_MIN_ELEMENTS = 1 << 16
+PARALLEL_MIN_ELEMENTS = 1 << 16
 
 
 def _threads(elements: int) -> int:
-    return torch.get_num_threads() if elements >= _PARALLEL_MIN_ELEMENTS else 1
+    return torch.get_num_threads() if elements >= PARALLEL_MIN_ELEMENTS else 1
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -308,6 +312,12 @@ def _linear_runs() -> bool:
     return lib.kvserve_linear_f32(x.data_ptr(), 1, 1, 1, w.data_ptr(), 1, None, out.data_ptr(), 1, 1) == 0
 
 
+def decode_step(shape, layers, num_layers: int, x: int, x_out: int, residual_out: int) -> int:
+    """kvserve_decode_step_f32 over ctypes structs (backend/models/native_decode.py builds them);
+    nonzero where a kernel declined."""
+    return _library().kvserve_decode_step_f32(shape, layers, num_layers, x, x_out, residual_out)
+
+
 def linear_available() -> bool:
     """Whether the native linear kernels run here (a C compiler and AVX-512)."""
     return _linear_runs()
@@ -339,6 +349,12 @@ class Int4Weight(NamedTuple):
 # 16 (W_G8H).
 _W_I4, _W_G4, _W_G8, _W_G8H = 2, 3, 4, 5
 _GRID_TILE_FORMATS = {4: _W_G4, 8: _W_G8, 16: _W_G8H}  # grid_weights.py kind -> cpu_linear.c format
+INT4_FORMAT = _W_I4  # for native callers that describe a weight by its format (native_decode.py)
+
+
+def grid_tile_format(kind: int) -> int:
+    """cpu_linear.c's format for the grid tiles of a grid_weights.py kind (4, 8 or 16)."""
+    return _GRID_TILE_FORMATS[kind]
 
 
 def _tile_major(values: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
         self.logits_proj: nn.Module | None = None  # as LlamaForCausalLM's (models/quantize.py)
+        self.native_decode = None  # as LlamaForCausalLM's (models/native_decode.py)
         self.scale = cfg.attention_scale
         self.build_rotary()
 
@@ -108,7 +109,10 @@ class Gemma3ForCausalLM(nn.Module):
         x = x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)
         residual = None
         metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
-        for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
+        stack = None if self.native_decode is None else self.native_decode.run(x, positions, metas)
+        if stack is not None:
+            x, residual = stack
+        for layer, kv_cache, meta in zip(self.layers if stack is None else (), kv_caches, metas):
             table = self.cos_sin_cache if layer.window is None else self.local_cos_sin_cache
             x, residual = layer(ops, x, residual, positions, table, kv_cache, meta, self.scale)
         x, residual = x[logits_indices], residual[logits_indices]

@@ -71,6 +71,9 @@ class LlamaForCausalLM(nn.Module):
         # A replacement for the logits matmul over `lm_head` (or the tied embedding), set by
         # models/quantize.py; parameters and loaders are unchanged by it.
         self.logits_proj: nn.Module | None = None
+        # The decoder stack of decode steps as one native call (models/native_decode.py), set by the
+        # model runner where it applies; None: the layers below run one operation at a time.
+        self.native_decode = None
         self.scale = cfg.head_dim ** -0.5
         self.max_position = max_position
         self.build_rotary()
@@ -86,7 +89,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         residual = None
         metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
-        for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
+        stack = None if self.native_decode is None else self.native_decode.run(x, positions, metas)
+        if stack is not None:
+            x, residual = stack
+        for layer, kv_cache, meta in zip(self.layers if stack is None else (), kv_caches, metas):
             x, residual = layer(ops, x, residual, positions, self.cos_sin_cache, kv_cache, meta, self.scale)
         # Only the rows that sample need the final norm and the (large) vocabulary projection.
         x, residual = x[logits_indices], residual[logits_indices]

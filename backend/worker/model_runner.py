@@ -27,6 +27,7 @@ from kvserve.backend.kv_cache import (CudaMemoryProfile, blocks_for_request, cpu
                                       layer_slots, plan_groups, profile_query_lens, read_host_memory)
 from kvserve.backend.models import (ArchConfig, load_arch_config, load_model, pack_linears, quantize_model,
                                     wants_cpu_linear)
+from kvserve.backend.models.native_decode import NativeDecodeStep
 from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.worker.kv_cache_tensors import allocate_kv_tensor, kv_element_bytes, resolve_kv_dtype
 from kvserve.backend.worker.ops import select_ops
@@ -116,6 +117,7 @@ class ModelRunner:
                     allocate_kv_tensor(shape, self.kv_dtype, self.device))
                    for _ in self.kv_groups[0].layers]
         self.kv_caches = [tensors[j] for _, j in self.layer_slots]
+        self.model.native_decode = NativeDecodeStep.for_model(self.model, self.ops, self.kv_caches)
         self.num_steps = 0
         # request id -> per group, its KV block ids in order (stale ids where a sliding group let a
         # block go: only positions outside the window map there, and the window masks them).

@@ -9,7 +9,9 @@ B/A time ratio and their median, min and max: on a shared machine only the
 ratios mean anything. Variants (`--a`, `--b`):
 
 - `ref`: the CPU ops as they were (the torch references, every layer derives its own indices)
-- `cur`: the engine's own ops (`TorchOps` with its per-step plans)
+- `cur`: the engine as it runs (`TorchOps` with its per-step plans, and decode steps as one native call
+  where backend/models/native_decode.py applies)
+- `perop`: the same engine with the native decode step off (every layer's operations from Python)
 - `unpacked`: an engine of its own with F.linear (KVSERVE_CPU_PACKED_LINEAR=0) and the engine's ops
 - `int8`, `int4`: an engine of its own with `quantization` set (same prompts)
 - `fp8`, `bf16kv`: an engine of its own with `--kv-cache-dtype fp8_e4m3` or `bfloat16` (same prompts)
@@ -32,7 +34,7 @@ from kvserve.kernels.rotary import rotary_embedding_torch
 from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
-VARIANTS = ("ref", "cur", "unpacked", "int8", "int4", "fp8", "bf16kv")
+VARIANTS = ("ref", "cur", "perop", "unpacked", "int8", "int4", "fp8", "bf16kv")
 _KV_DTYPE = {"fp8": "fp8_e4m3", "bf16kv": "bfloat16"}
 
 
@@ -81,7 +83,7 @@ def main() -> None:
     engines: dict[str, object] = {}
 
     def engine_for(name: str):
-        # ref and cur share one engine (only its ops differ); a quantized mode has its own.
+        # ref, cur and perop share one engine (only its ops differ); a quantized mode has its own.
         key = name if name in ("int8", "int4", "unpacked", *_KV_DTYPE) else "none"
         if key not in engines:
             os.environ["KVSERVE_CPU_PACKED_LINEAR"] = "0" if key == "unpacked" else "1"
@@ -89,6 +91,7 @@ def main() -> None:
                          quantization=key if key in ("int8", "int4") else "none",
                          kv_cache_dtype=_KV_DTYPE.get(key, "auto")).engine
             engine.own_ops = engine.runner.ops
+            engine.own_native = engine.runner.model.native_decode
             rng = random.Random(0)
             for i in range(args.batch):
                 engine.add_request(f"r{i}", [rng.randrange(100, 20000) for _ in range(args.context)], params)
@@ -100,6 +103,7 @@ def main() -> None:
     def block(name: str) -> float:
         engine = engine_for(name)
         engine.runner.ops = ReferenceOps() if name == "ref" else engine.own_ops
+        engine.runner.model.native_decode = None if name in ("ref", "perop") else engine.own_native
         t0 = time.process_time() if args.cpu_time else time.perf_counter()
         for _ in range(args.steps):
             engine.step()

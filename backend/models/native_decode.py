@@ -1,0 +1,228 @@
+"""The decoder stack of a decode step as one native call (kernels/cpu_decode_step.c), for the
+Llama family and Gemma 3.
+
+At batch 1 on SmolLM2 the per-operation path spent ~3 ms of a ~7 ms step in Python between
+kernels (issue #30): 30 layers of ~30 dispatches. A step whose rows are all decodes, on the CPU
+path's own kernels, runs here instead: the same kernels in the same order with the same thread
+counts, so its tokens are the other path's bit for bit. Everything the C side needs that does
+not change between steps (each layer's kernel choice, packed weights, norms, caches) is built
+once per row count; a step only fills in its block tables.
+
+A step is declined (the per-operation path runs, nothing changed) where the two could differ
+or a kernel is missing: ops other than TorchOps (Triton), non-decode rows, more than 64 rows,
+a cache that is not float32, a projection that is not on a native kernel at this row count
+(LoRA-wrapped, oneDNN-only, torch's int4 kernel below its native threshold), a Llama-family
+model's q/k norms (Qwen3: its per-head norm runs in torch, not natively; Gemma's is native), exact
+GELU, or a shape beyond the attention kernel's bounds.
+KVSERVE_CPU_DECODE_STEP=0 turns it off (for A/B measurements).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from kvserve.backend.models import cpu_linear, quantize
+from kvserve.kernels import cpu_native
+
+# cpu_decode_step.c's LIN_* and the ctypes mirrors of its structs (field for field).
+_LIN_F32, _LIN_I8, _LIN_GROUPED, _LIN_STRIPS = 0, 1, 2, 3
+_i64, _p, _f = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("kind", _i64), ("format", _i64), ("packed", _p), ("scales", _p), ("zeros", _p), ("bias", _p),
+                ("out_features", _i64), ("in_features", _i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
+                ("input_norm", _p), ("attn_output_norm", _p), ("pre_mlp_norm", _p), ("mlp_output_norm", _p),
+                ("q_norm", _p), ("k_norm", _p), ("cos", _p), ("sin", _p), ("gelu", _i64),
+                ("key_cache", _p), ("value_cache", _p),
+                ("tables", _p), ("table_stride", _i64), ("lens", _p), ("slots", _p), ("window", _i64)]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("rows", _i64), ("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64),
+                ("num_kv_heads", _i64), ("head_dim", _i64), ("block_size", _i64), ("rotary_half", _i64),
+                ("eps", _f), ("scale", _f), ("num_threads", _i64), ("parallel_min_elements", _i64)]
+
+
+MAX_ROWS = cpu_linear.NATIVE_MAX_ROWS  # above it the projections leave the native kernels
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
+    """The kernel `linear.forward` picks for `rows` float32 rows, as a descriptor (with the tensors
+    it points into, kept alive by the caller), or None where that is not a native kernel."""
+    keep = [t for t in (getattr(linear, "bias", None),) if t is not None]
+    bias = _ptr(linear.bias) if getattr(linear, "bias", None) is not None else None
+    if type(linear) is cpu_linear.PackedLinear:
+        grid = linear.grid
+        if grid is not None and rows <= cpu_linear.GRID_STRIP_MAX_ROWS:
+            d = _Linear(_LIN_STRIPS, grid.kind, _ptr(grid.strips), None, None, bias)
+            keep.append(grid.strips)
+        elif grid is not None and grid.tiles is not None and rows <= linear.max_native_rows:
+            tiles = grid.tiles
+            zeros = tiles.zeros if tiles.zeros.numel() else None
+            d = _Linear(_LIN_GROUPED, cpu_native.grid_tile_format(grid.kind), _ptr(tiles.codes), _ptr(tiles.scales),
+                        _ptr(zeros), bias)
+            keep += [tiles.codes, tiles.scales, tiles.zeros]
+        elif linear.native is not None and rows <= linear.max_native_rows:
+            d = _Linear(_LIN_F32, 0, _ptr(linear.native), None, None, bias)
+            keep.append(linear.native)
+        else:
+            return None
+    elif type(linear) is quantize.Int8Linear and linear.native is not None:
+        d = _Linear(_LIN_I8, 0, _ptr(linear.native), _ptr(linear.native_scales), None, bias)
+        keep += [linear.native, linear.native_scales]
+    elif (type(linear) is quantize.Int4Linear and linear.native is not None
+          and rows >= quantize.INT4_NATIVE_MIN_ROWS):
+        w = linear.native
+        d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
+        keep += [w.codes, w.scales, w.zeros]
+    else:
+        return None
+    d.out_features, d.in_features = linear.out_features, linear.in_features
+    return d, keep
+
+
+def _family(model) -> str | None:
+    """"llama" or "gemma3" where the native step computes what the model's layers do, else None."""
+    from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
+    from kvserve.backend.models.llama import LlamaForCausalLM
+    if type(model) is LlamaForCausalLM and not model.cfg.qk_norm:
+        return "llama"
+    if type(model) is Gemma3ForCausalLM and all(layer.approximate == "tanh" for layer in model.layers):
+        return "gemma3"
+    return None
+
+
+def _norms(family: str, layer) -> dict[str, torch.Tensor | None]:
+    """The layer's norms by the C struct's field names."""
+    if family == "llama":
+        return dict(input_norm=layer.input_layernorm, attn_output_norm=None, pre_mlp_norm=layer.post_attention_layernorm,
+                    mlp_output_norm=None, q_norm=None, k_norm=None)
+    return dict(input_norm=layer.input_layernorm, attn_output_norm=layer.post_attention_layernorm,
+                pre_mlp_norm=layer.pre_feedforward_layernorm, mlp_output_norm=layer.post_feedforward_layernorm,
+                q_norm=layer.q_norm, k_norm=layer.k_norm)
+
+
+class NativeDecodeStep:
+    """Runs a model's layers for decode steps through kvserve_decode_step_f32."""
+
+    def __init__(self, model, kv_caches) -> None:
+        cfg = model.cfg
+        self.model = model
+        self.family = _family(model)
+        self.kv_caches = kv_caches
+        # Each layer's rotary table: Gemma's sliding layers turn by their own theta.
+        local = getattr(model, "local_cos_sin_cache", None)
+        self.rotary_tables = [local if local is not None and layer.window is not None else model.cos_sin_cache
+                              for layer in model.layers]
+        self.num_layers = len(model.layers)
+        first = model.layers[0]
+        self.shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, num_heads=first.num_heads,
+                          num_kv_heads=first.num_kv_heads, head_dim=first.head_dim,
+                          block_size=kv_caches[0][0].shape[1], rotary_half=model.cos_sin_cache.shape[1] // 2,
+                          eps=first.eps, scale=model.scale)
+        self._by_rows: dict[int, tuple[ctypes.Array, list[torch.Tensor]] | None] = {}
+
+    @classmethod
+    def for_model(cls, model, ops, kv_caches) -> "NativeDecodeStep | None":
+        """The native step for this model on these ops and caches, or None where it never applies."""
+        from kvserve.backend.worker.ops import TorchOps
+        if os.environ.get("KVSERVE_CPU_DECODE_STEP", "1") == "0" or not cpu_native.linear_available():
+            return None
+        if type(ops) is not TorchOps or _family(model) is None:
+            return None
+        caches_ok = all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                        for pair in kv_caches for t in pair)
+        first = model.layers[0]
+        if (not caches_ok or first.num_heads > cpu_native.MAX_HEADS or first.head_dim > cpu_native.MAX_HEAD_DIM
+                or kv_caches[0][0].shape[1] > cpu_native.MAX_BLOCK or first.num_heads % first.num_kv_heads
+                or model.cos_sin_cache.shape[1] > first.head_dim):
+            return None
+        return cls(model, kv_caches)
+
+    def _layers(self, rows: int):
+        if rows not in self._by_rows:
+            self._by_rows[rows] = self._build(rows)
+        return self._by_rows[rows]
+
+    def _build(self, rows: int):
+        layers = (_Layer * self.num_layers)()
+        keep: list[torch.Tensor] = []
+        for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.model.layers, self.kv_caches)):
+            entry = layers[i]
+            for field in ("qkv", "o", "gate_up", "down"):
+                described = _describe(getattr(layer, f"{field}_proj"), rows)
+                if described is None:
+                    return None
+                setattr(entry, field, described[0])
+                keep += described[1]
+            for name, norm in _norms(self.family, layer).items():
+                if norm is not None and (norm.dtype != torch.float32 or not norm.is_contiguous()):
+                    return None
+                setattr(entry, name, _ptr(norm))
+                keep.append(norm)
+            entry.gelu = int(self.family == "gemma3")
+            entry.key_cache, entry.value_cache = _ptr(key_cache), _ptr(value_cache)
+            entry.window = layer.window or 0
+        return layers, keep
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, metas: list) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(x, residual) after the last layer, or None: the step is not one this path takes."""
+        rows = x.shape[0]
+        if (rows > MAX_ROWS or x.dtype != torch.float32 or not x.is_contiguous()
+                or not all(meta.decode_only for meta in metas)):
+            return None
+        built = self._layers(rows)
+        if built is None:
+            return None
+        layers, _ = built
+        step_tensors = []
+        groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # KV group: its metadata's id
+        for i, meta in enumerate(metas):
+            group = groups.get(id(meta))
+            if group is None:
+                group = groups[id(meta)] = self._tables(meta)
+                if group is None:
+                    return None
+                step_tensors.append(group)
+            tables, lens, slots = group
+            entry = layers[i]
+            entry.tables, entry.table_stride, entry.lens = tables.data_ptr(), tables.stride(0), lens.data_ptr()
+            entry.slots = slots.data_ptr()
+        angles: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary table id -> this step's cos, sin
+        index = positions.long()
+        for i, table in enumerate(self.rotary_tables):
+            cos_sin = angles.get(id(table))
+            if cos_sin is None:
+                cos_sin = angles[id(table)] = tuple(half.contiguous() for half in table[index].float().chunk(2, dim=-1))
+            layers[i].cos, layers[i].sin = cos_sin[0].data_ptr(), cos_sin[1].data_ptr()
+        x_out, residual = torch.empty_like(x), torch.empty_like(x)
+        shape = _Shape(rows=rows, num_threads=torch.get_num_threads(),
+                       parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS, **self.shape)
+        status = cpu_native.decode_step(ctypes.byref(shape), layers, self.num_layers, x.data_ptr(), x_out.data_ptr(),
+                                        residual.data_ptr())
+        return None if status else (x_out, residual)
+
+    def _tables(self, meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The group's int32 tables and lengths and its int64 slots, the first two checked as the attention plan checks them (the
+        kernel trusts its indices)."""
+        tables, lens = meta.block_tables, meta.seq_lens
+        if tables.device.type != "cpu" or lens.numel() == 0 or meta.slot_mapping.numel() != lens.numel():
+            return None
+        block_size = self.shape["block_size"]
+        max_len = int(lens.max())
+        if (int(lens.min()) < 1 or tables.shape[1] * block_size < max_len
+                or (tables.numel() and int(tables.max()) >= self.kv_caches[0][0].shape[0])):
+            return None
+        return (tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous(),
+                meta.slot_mapping.long().contiguous())

@@ -1,0 +1,180 @@
+/* A Llama-family (or Gemma 3) decoder stack for one decode step in one call: every layer's norms, projections,
+ * rotary embedding, KV write, paged attention and MLP, over the kernels of the other files.
+ *
+ * From Python a layer is ~30 operations (each a ctypes call, a torch allocation or a view) and at
+ * batch 1 on SmolLM2 those dispatches were ~3 ms of a ~7 ms step, more than the attention. Here
+ * the same kernels run in the same order with the same thread counts, so the result is the
+ * per-operation path's bit for bit (tests/kernels/test_cpu_decode_step.py); only the Python
+ * between them is gone. backend/models/native_decode.py decides when a step may take it (decode
+ * rows only, float32 caches, every projection on a native kernel) and keeps the descriptors.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The kernels this file drives (built into the same library). */
+int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
+                         const float *values, const int32_t *tables, int64_t table_stride, const int32_t *lens,
+                         float *out, int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, int64_t window, float scale, int num_threads);
+void kvserve_rms_norm_f32(const float *x, const float *residual, const float *weight, float *out,
+                          float *residual_out, int64_t rows, int64_t n, int64_t x_stride, int64_t r_stride,
+                          float eps, int num_threads);
+void kvserve_silu_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                              int num_threads);
+void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int64_t d, int64_t x_stride,
+                                   int num_threads);
+void kvserve_rotary_f32(float *x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
+                        const float *cos, const float *sin, int64_t half, int neox, int num_threads);
+int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
+                       const float *bias, float *out, int64_t out_stride, int num_threads);
+int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
+                          const float *scales, int64_t n, const float *bias, float *out, int64_t out_stride,
+                          int num_threads);
+int kvserve_linear_grouped_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed,
+                               int format, const float *scales, const float *zeros, int64_t n, const float *bias,
+                               float *out, int64_t out_stride, int num_threads);
+int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
+                            int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads);
+
+/* How a projection runs at this step's row count: the kernel the module's forward would pick. */
+enum { LIN_F32 = 0, LIN_I8 = 1, LIN_GROUPED = 2, LIN_STRIPS = 3 };
+
+typedef struct {
+    int64_t kind;   /* LIN_* */
+    int64_t format; /* LIN_GROUPED: cpu_linear.c's format; LIN_STRIPS: the grid kind (4, 8, 16) */
+    const void *packed;
+    const float *scales; /* LIN_I8: per output; LIN_GROUPED: tile-major per group */
+    const float *zeros;  /* LIN_GROUPED (not W_G8) */
+    const float *bias;   /* or NULL */
+    int64_t out_features;
+    int64_t in_features;
+} kvserve_linear_desc;
+
+typedef struct {
+    kvserve_linear_desc qkv, o, gate_up, down;
+    const float *input_norm;      /* before attention, with the residual add from the second layer on */
+    const float *attn_output_norm; /* Gemma: o_proj's output normed before it joins the residual; or NULL */
+    const float *pre_mlp_norm;    /* with the residual add (Llama's post_attention_layernorm) */
+    const float *mlp_output_norm; /* Gemma: down_proj's output normed; or NULL */
+    const float *q_norm, *k_norm; /* per head (Gemma); or NULL */
+    const float *cos, *sin;       /* this layer's rotary angles for the step's rows, [rows][rotary_half] */
+    int64_t gelu;                 /* the gated activation: 0 SiLU, 1 tanh GELU */
+    float *key_cache, *value_cache; /* float32 [blocks][block_size][kv_heads][head_dim] */
+    const int32_t *tables;          /* this layer's KV group: int32 rows, table_stride apart */
+    int64_t table_stride;
+    const int32_t *lens;
+    const int64_t *slots; /* [rows]: the cache slot of each row's key and value (negative: not stored) */
+    int64_t window;       /* 0: full attention */
+} kvserve_decode_layer;
+
+typedef struct {
+    int64_t rows, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, rotary_half;
+    float eps, scale;
+    int64_t num_threads;
+    int64_t parallel_min_elements; /* below it an elementwise op stays on one thread (cpu_native.py) */
+} kvserve_decode_shape;
+
+static int run_linear(const kvserve_linear_desc *w, const float *x, int64_t m, float *out, int threads) {
+    switch (w->kind) {
+    case LIN_F32:
+        return kvserve_linear_f32(x, w->in_features, m, w->in_features, (const float *)w->packed, w->out_features,
+                                  w->bias, out, w->out_features, threads);
+    case LIN_I8:
+        return kvserve_linear_i8_f32(x, w->in_features, m, w->in_features, (const int8_t *)w->packed, w->scales,
+                                     w->out_features, w->bias, out, w->out_features, threads);
+    case LIN_GROUPED:
+        return kvserve_linear_grouped_f32(x, w->in_features, m, w->in_features, w->packed, (int)w->format, w->scales,
+                                          w->zeros, w->out_features, w->bias, out, w->out_features, threads);
+    case LIN_STRIPS:
+        return kvserve_grid_linear_f32(x, w->in_features, m, w->in_features, (const uint8_t *)w->packed,
+                                       (int)w->format, w->out_features, w->bias, out, w->out_features, threads);
+    default:
+        return 3;
+    }
+}
+
+static int elementwise_threads(const kvserve_decode_shape *s, int64_t elements) {
+    return elements >= s->parallel_min_elements ? (int)s->num_threads : 1;
+}
+
+/* x [rows][hidden] (the embeddings) -> x and residual [rows][hidden] after the last layer, as the
+ * model's loop leaves them (the final norm adds them). Returns 0, or
+ * nonzero when a kernel declined. The caller then runs the step the per-operation way: x_out and
+ * residual_out are written only on success, and the KV rows this step already wrote are the values
+ * that path writes again. */
+int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_layer *layers, int64_t num_layers,
+                            const float *x_in, float *x_out, float *residual_out) {
+    const int64_t m = s->rows, hidden = s->hidden, d = s->head_dim;
+    const int64_t q_size = s->num_heads * d, kv_size = s->num_kv_heads * d, qkv_size = q_size + 2 * kv_size;
+    const int threads = (int)s->num_threads;
+    float *work = malloc(sizeof(float) * (size_t)(m * (5 * hidden + qkv_size + q_size + q_size + kv_size
+                                                       + 3 * s->intermediate)));
+    if (!work) return 2;
+    float *x = work, *residual = x + m * hidden, *h = residual + m * hidden, *attn_out = h + m * hidden;
+    float *branch = attn_out + m * hidden; /* a branch's output before its own norm (Gemma) */
+    float *qkv = branch + m * hidden, *q = qkv + m * qkv_size, *attn = q + m * q_size, *k = attn + m * q_size;
+    float *gate_up = k + m * kv_size, *act = gate_up + m * 2 * s->intermediate;
+    memcpy(x, x_in, sizeof(float) * (size_t)(m * hidden));
+    const int norm_threads = elementwise_threads(s, m * hidden);
+    const int rotary_q_threads = elementwise_threads(s, m * s->num_heads * 2 * s->rotary_half);
+    const int rotary_k_threads = elementwise_threads(s, m * s->num_kv_heads * 2 * s->rotary_half);
+    const int act_threads = elementwise_threads(s, m * s->intermediate);
+    const int q_norm_threads = elementwise_threads(s, m * q_size), k_norm_threads = elementwise_threads(s, m * kv_size);
+    int status = 0;
+    for (int64_t l = 0; l < num_layers && !status; l++) {
+        const kvserve_decode_layer *L = layers + l;
+        if (l == 0) {
+            memcpy(residual, x, sizeof(float) * (size_t)(m * hidden));
+            kvserve_rms_norm_f32(x, NULL, L->input_norm, h, NULL, m, hidden, hidden, 0, s->eps, norm_threads);
+        } else {
+            kvserve_rms_norm_f32(x, residual, L->input_norm, h, residual, m, hidden, hidden, hidden, s->eps,
+                                 norm_threads);
+        }
+        if ((status = run_linear(&L->qkv, h, m, qkv, threads))) break;
+        /* q and k as the model makes them: contiguous copies (normed per head where the model norms
+         * them; a row's result does not depend on the threads), turned in place. */
+        for (int64_t r = 0; r < m; r++) {
+            const float *qr = qkv + r * qkv_size, *kr = qr + q_size;
+            if (L->q_norm) {
+                kvserve_rms_norm_f32(qr, NULL, L->q_norm, q + r * q_size, NULL, s->num_heads, d, d, 0, s->eps,
+                                     q_norm_threads);
+                kvserve_rms_norm_f32(kr, NULL, L->k_norm, k + r * kv_size, NULL, s->num_kv_heads, d, d, 0, s->eps,
+                                     k_norm_threads);
+            } else {
+                memcpy(q + r * q_size, qr, sizeof(float) * (size_t)q_size);
+                memcpy(k + r * kv_size, kr, sizeof(float) * (size_t)kv_size);
+            }
+        }
+        kvserve_rotary_f32(q, m, s->num_heads, q_size, d, L->cos, L->sin, s->rotary_half, 1, rotary_q_threads);
+        kvserve_rotary_f32(k, m, s->num_kv_heads, kv_size, d, L->cos, L->sin, s->rotary_half, 1, rotary_k_threads);
+        for (int64_t r = 0; r < m; r++) {
+            if (L->slots[r] < 0) continue;
+            memcpy(L->key_cache + L->slots[r] * kv_size, k + r * kv_size, sizeof(float) * (size_t)kv_size);
+            memcpy(L->value_cache + L->slots[r] * kv_size, qkv + r * qkv_size + q_size + kv_size,
+                   sizeof(float) * (size_t)kv_size);
+        }
+        if ((status = kvserve_paged_decode(q, L->key_cache, L->value_cache, 0, NULL, L->tables, L->table_stride,
+                                           L->lens, attn, m, s->num_heads, s->num_kv_heads, d, s->block_size,
+                                           L->window, s->scale, threads)))
+            break;
+        if ((status = run_linear(&L->o, attn, m, L->attn_output_norm ? branch : attn_out, threads))) break;
+        if (L->attn_output_norm)
+            kvserve_rms_norm_f32(branch, NULL, L->attn_output_norm, attn_out, NULL, m, hidden, hidden, 0, s->eps,
+                                 norm_threads);
+        kvserve_rms_norm_f32(attn_out, residual, L->pre_mlp_norm, h, residual, m, hidden, hidden, hidden, s->eps,
+                             norm_threads);
+        if ((status = run_linear(&L->gate_up, h, m, gate_up, threads))) break;
+        (L->gelu ? kvserve_gelu_tanh_and_mul_f32 : kvserve_silu_and_mul_f32)(gate_up, act, m, s->intermediate,
+                                                                              2 * s->intermediate, act_threads);
+        if ((status = run_linear(&L->down, act, m, L->mlp_output_norm ? branch : x, threads))) break;
+        if (L->mlp_output_norm)
+            kvserve_rms_norm_f32(branch, NULL, L->mlp_output_norm, x, NULL, m, hidden, hidden, 0, s->eps, norm_threads);
+    }
+    if (!status) {
+        memcpy(x_out, x, sizeof(float) * (size_t)(m * hidden));
+        memcpy(residual_out, residual, sizeof(float) * (size_t)(m * hidden));
+    }
+    free(work);
+    return status;
+}

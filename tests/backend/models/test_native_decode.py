@@ -1,0 +1,152 @@
+"""The native decode step (backend/models/native_decode.py) against the per-operation path of the
+same engine: the same kernels in the same order, so tokens and logprobs must be equal exactly,
+not within a tolerance. Each case also checks that the native step really ran, and the cases it
+must decline fall back without changing a result."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kvserve.backend import LLM, SamplingParams
+from kvserve.backend.models.native_decode import NativeDecodeStep
+from kvserve.backend.models.tiny import TinySpec, make_tiny_model
+from kvserve.kernels import cpu_native
+from tests.conftest import MODEL_CACHE
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not cpu_native.linear_available(),
+                                reason="the native decode step is the CPU path's (AVX-512 and a C compiler)")
+
+SLIDING_QWEN2 = TinySpec(arch="qwen2", num_heads=4, num_kv_heads=1, sliding_window=8, seed=31)
+# Gemma 3: sliding and full layers with their own rope tables, q/k norms, four norms, GeGLU.
+GEMMA3 = TinySpec(arch="gemma3", num_layers=7, num_heads=4, num_kv_heads=1, head_dim=32, sliding_window=8, seed=32)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(rng.randrange(1, 40))] for _ in range(n)]
+
+
+class _Counted:
+    """Wraps the model's native step to count the steps it took."""
+
+    def __init__(self, step: NativeDecodeStep) -> None:
+        self.step, self.taken = step, 0
+
+    def run(self, *args):
+        out = self.step.run(*args)
+        self.taken += out is not None
+        return out
+
+
+def _native_and_per_op(llm: LLM, prompts, params: SamplingParams):
+    """Outputs with the native step, then the same requests with it off; and how many steps it took.
+    The engines run without prefix caching: a second run's prefix hits would change its prefills."""
+    assert not llm.engine.config.enable_prefix_caching
+    model = llm.engine.runner.model
+    assert model.native_decode is not None, "the native step should apply to this engine"
+    counted = _Counted(model.native_decode)
+    model.native_decode = counted
+    native = llm.generate(prompts, params)
+    model.native_decode = None
+    per_op = llm.generate(prompts, params)
+    model.native_decode = counted.step
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks
+    return native, per_op, counted.taken
+
+
+def _assert_equal(native, per_op) -> None:
+    for a, b in zip(native, per_op):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs  # the same floats, not close ones
+
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_tiny_llama_equals_the_per_operation_path(llama_dir, quantization):
+    # 10 prompts: the batch shrinks from 10 rows to 1 as they finish (int4's native kernel takes 8 or more).
+    llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=16, quantization=quantization, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=2, ignore_eos=True)
+    prompts = _prompts(10)
+    native, per_op, taken = _native_and_per_op(llm, prompts, params)
+    _assert_equal(native, per_op)
+    assert taken > 0
+
+
+def test_sliding_window_and_qkv_bias_with_two_kv_groups():
+    # Qwen2 with a window of 8: a full-attention layer and sliding ones, each group its own tables
+    # and slots, and prompts longer than the window.
+    model_dir = str(make_tiny_model(MODEL_CACHE / "native-decode-qwen2", SLIDING_QWEN2))
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
+    native, per_op, taken = _native_and_per_op(llm, _prompts(6, seed=1), SamplingParams(max_tokens=20, temperature=0,
+                                                                                          ignore_eos=True, logprobs=1))
+    _assert_equal(native, per_op)
+    assert taken > 0
+
+
+def test_tiny_gemma3_equals_the_per_operation_path():
+    model_dir = str(make_tiny_model(MODEL_CACHE / "native-decode-gemma3", GEMMA3))
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
+    native, per_op, taken = _native_and_per_op(llm, _prompts(7, seed=3), SamplingParams(max_tokens=20, temperature=0,
+                                                                                          ignore_eos=True, logprobs=1))
+    _assert_equal(native, per_op)
+    assert taken > 0
+
+
+@pytest.mark.slow
+def test_real_gemma3_equals_the_per_operation_path(gemma3_model_path):
+    llm = LLM(model=gemma3_model_path, max_num_seqs=8, max_model_len=1024, enable_prefix_caching=False)
+    prompts = ["The capital of France is", "def quicksort(xs):", "The three laws of motion are", "Once upon a time"]
+    native, per_op, taken = _native_and_per_op(llm, prompts, GREEDY)
+    _assert_equal(native, per_op)
+    assert taken >= GREEDY.max_tokens - 1
+
+
+def test_seeded_sampling_draws_the_same_tokens(llama_dir):
+    llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True)
+    native, per_op, taken = _native_and_per_op(llm, _prompts(4, seed=2), params)
+    _assert_equal(native, per_op)
+    assert taken > 0
+
+
+def test_real_model_grid_codes_equal_the_per_operation_path(real_model_path):
+    # SmolLM2's GGUF: the grid strips at up to 6 rows, the grid tiles above (9 prompts).
+    llm = LLM(model=real_model_path, max_num_seqs=16, enable_prefix_caching=False)
+    prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,", "def fib(n):",
+               "Translate to French: good morning", "The three primary colours are", "Once upon a time",
+               "SELECT * FROM", "import numpy as np\n"]
+    native, per_op, taken = _native_and_per_op(llm, prompts, GREEDY)
+    _assert_equal(native, per_op)
+    assert taken >= GREEDY.max_tokens - 1
+
+
+def test_declined_where_it_would_differ_or_cannot_run(llama_dir, monkeypatch):
+    qwen3 = make_tiny_model(MODEL_CACHE / "qwen3", TinySpec(arch="qwen3", num_heads=4, num_kv_heads=2, head_dim=32,
+                                                           seed=2))
+    assert LLM(model=str(qwen3), dtype="float32").engine.runner.model.native_decode is None  # q/k norms
+    assert LLM(model=llama_dir, dtype="float32", kv_cache_dtype="bfloat16").engine.runner.model.native_decode is None
+    assert LLM(model=llama_dir, dtype="float32", attention_backend="triton").engine.runner.model.native_decode is None
+    monkeypatch.setenv("KVSERVE_CPU_DECODE_STEP", "0")
+    assert LLM(model=llama_dir, dtype="float32").engine.runner.model.native_decode is None
+
+
+def test_lora_wrapped_projections_take_the_per_operation_path(llama_dir):
+    llm = LLM(model=llama_dir, dtype="float32", enable_lora=True)
+    step = llm.engine.runner.model.native_decode
+    assert step is not None
+    counted = _Counted(step)
+    llm.engine.runner.model.native_decode = counted
+    out = llm.generate(_prompts(2), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert counted.taken == 0 and all(len(o.outputs[0].token_ids) == 4 for o in out)
+
+
+def test_prefill_steps_are_declined(llama_dir):
+    llm = LLM(model=llama_dir, dtype="float32")
+    counted = _Counted(llm.engine.runner.model.native_decode)
+    llm.engine.runner.model.native_decode = counted
+    llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    assert counted.taken == 0  # one token: the prefill step alone
