@@ -26,6 +26,7 @@ void kvserve_gelu_tanh_and_mul_f32(const float *x, float *out, int64_t rows, int
                                    int num_threads);
 void kvserve_rotary_f32(float *x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
                         const float *cos, const float *sin, int64_t half, int neox, int num_threads);
+void kvserve_kv_from_f32(const float *src, int64_t n, int format, void *dst);
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads);
 int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const int8_t *packed,
@@ -60,7 +61,9 @@ typedef struct {
     const float *q_norm, *k_norm; /* per head (Gemma); or NULL */
     const float *cos, *sin;       /* this layer's rotary angles for the step's rows, [rows][rotary_half] */
     int64_t gelu;                 /* the gated activation: 0 SiLU, 1 tanh GELU */
-    float *key_cache, *value_cache; /* float32 [blocks][block_size][kv_heads][head_dim] */
+    void *key_cache, *value_cache; /* [blocks][block_size][kv_heads][head_dim] in kv_format */
+    int64_t kv_format;              /* cpu_decode_attention.c's KVSERVE_KV_* */
+    const float *kv_values;         /* an fp8 format's 256 values (NULL for float32 and bfloat16) */
     const int32_t *tables;          /* this layer's KV group: int32 rows, table_stride apart */
     int64_t table_stride;
     const int32_t *lens;
@@ -148,13 +151,16 @@ int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_
         }
         kvserve_rotary_f32(q, m, s->num_heads, q_size, d, L->cos, L->sin, s->rotary_half, 1, rotary_q_threads);
         kvserve_rotary_f32(k, m, s->num_kv_heads, kv_size, d, L->cos, L->sin, s->rotary_half, 1, rotary_k_threads);
+        const int64_t slot_bytes = kv_size * (L->kv_format == 0 ? 4 : L->kv_format == 1 ? 2 : 1);
         for (int64_t r = 0; r < m; r++) {
             if (L->slots[r] < 0) continue;
-            memcpy(L->key_cache + L->slots[r] * kv_size, k + r * kv_size, sizeof(float) * (size_t)kv_size);
-            memcpy(L->value_cache + L->slots[r] * kv_size, qkv + r * qkv_size + q_size + kv_size,
-                   sizeof(float) * (size_t)kv_size);
+            kvserve_kv_from_f32(k + r * kv_size, kv_size, (int)L->kv_format,
+                                (char *)L->key_cache + L->slots[r] * slot_bytes);
+            kvserve_kv_from_f32(qkv + r * qkv_size + q_size + kv_size, kv_size, (int)L->kv_format,
+                                (char *)L->value_cache + L->slots[r] * slot_bytes);
         }
-        if ((status = kvserve_paged_decode(q, L->key_cache, L->value_cache, 0, NULL, L->tables, L->table_stride,
+        if ((status = kvserve_paged_decode(q, L->key_cache, L->value_cache, (int)L->kv_format, L->kv_values,
+                                           L->tables, L->table_stride,
                                            L->lens, attn, m, s->num_heads, s->num_kv_heads, d, s->block_size,
                                            L->window, s->scale, threads)))
             break;

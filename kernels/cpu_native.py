@@ -17,6 +17,7 @@ callers keep their torch path.
   their block grid (backend/models/grid_weights.py);
 - cpu_lora.c: the batched LoRA shrink/expand of a step's rows grouped by adapter slot
   (kernels/lora_sgmv.py has the torch reference);
+- cpu_kv_write.c: float32 keys and values converted to a cache format as kv_quant.py's `quantize` does;
 - cpu_decode_step.c: a Llama-family or Gemma 3 decoder stack for one decode step over the kernels above, in one call
   (backend/models/native_decode.py drives it).
 """
@@ -41,7 +42,7 @@ log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
-                         "cpu_grid_linear.c", "cpu_lora.c", "cpu_decode_step.c")]
+                         "cpu_grid_linear.c", "cpu_lora.c", "cpu_kv_write.c", "cpu_decode_step.c")]
 _HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -126,6 +127,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
+    lib.kvserve_kv_from_f32.argtypes = [p, i64, ctypes.c_int, p]
+    lib.kvserve_kv_from_f32.restype = None
     lib.kvserve_decode_step_f32.argtypes = [p, p, i64, p, p, p]
     lib.kvserve_decode_step_f32.restype = ctypes.c_int
     return lib
@@ -198,6 +201,28 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     if status:
         raise ValueError(f"CPU decode attention: shapes beyond the kernel's bounds ({num_heads} heads, "
                          f"head size {head_dim}, block size {block_size}); check supports() first")
+    return out
+
+
+def kv_format(dtype: torch.dtype) -> int | None:
+    """The C kernels' code of a cache dtype (KVSERVE_KV_*), None for one they do not read."""
+    return _KV_FORMATS.get(dtype)
+
+
+def kv_values(dtype: torch.dtype) -> int | None:
+    """The address of an fp8 format's 256 values (the decode kernel's table; None for the others)."""
+    return _kv_values(dtype)
+
+
+def kv_from_f32(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D float32 tensor in a cache format as the native decode step writes it: for the tests,
+    which hold it to kv_quant.quantize bit for bit."""
+    lib = _library()
+    if lib is None or values.dim() != 1 or values.dtype != torch.float32 or dtype not in _KV_FORMATS:
+        raise ValueError("kv_from_f32 takes a 1-D float32 tensor and a cache dtype the kernels read")
+    values = values.contiguous()
+    out = torch.empty(values.shape[0], dtype=dtype)
+    lib.kvserve_kv_from_f32(values.data_ptr(), values.shape[0], _KV_FORMATS[dtype], out.data_ptr())
     return out
 
 

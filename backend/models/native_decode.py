@@ -10,8 +10,9 @@ once per row count; a step only fills in its block tables.
 
 A step is declined (the per-operation path runs, nothing changed) where the two could differ
 or a kernel is missing: ops other than TorchOps (Triton), non-decode rows, more than 64 rows,
-a cache that is not float32, a projection that is not on a native kernel at this row count
-(LoRA-wrapped, oneDNN-only, torch's int4 kernel below its native threshold), a Llama-family
+a KV cache the attention kernel does not read (it reads float32, bfloat16 and both fp8s), a projection that is not on a native kernel at this row count
+(oneDNN-only, torch's int4 kernel below its native threshold), rows for a LoRA adapter (steps of
+base-model rows only take it), a Llama-family
 model's q/k norms (Qwen3: its per-head norm runs in torch, not natively; Gemma's is native), exact
 GELU, or a shape beyond the attention kernel's bounds.
 KVSERVE_CPU_DECODE_STEP=0 turns it off (for A/B measurements).
@@ -40,7 +41,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
                 ("input_norm", _p), ("attn_output_norm", _p), ("pre_mlp_norm", _p), ("mlp_output_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("cos", _p), ("sin", _p), ("gelu", _i64),
-                ("key_cache", _p), ("value_cache", _p),
+                ("key_cache", _p), ("value_cache", _p), ("kv_format", _i64), ("kv_values", _p),
                 ("tables", _p), ("table_stride", _i64), ("lens", _p), ("slots", _p), ("window", _i64)]
 
 
@@ -53,13 +54,23 @@ class _Shape(ctypes.Structure):
 MAX_ROWS = cpu_linear.NATIVE_MAX_ROWS  # above it the projections leave the native kernels
 
 
+def _is_lora(linear) -> bool:
+    """A backend/lora/layers.py LoRAProjection (by its name: models/ does not import lora/, which
+    imports models/)."""
+    return type(linear).__name__ == "LoRAProjection"
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
 def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     """The kernel `linear.forward` picks for `rows` float32 rows, as a descriptor (with the tensors
-    it points into, kept alive by the caller), or None where that is not a native kernel."""
+    it points into, kept alive by the caller), or None where that is not a native kernel. A LoRA
+    wrapper is described by its base: `run` takes only steps without adapter rows, where the
+    wrapper is its base."""
+    if _is_lora(linear):
+        linear = linear.base
     keep = [t for t in (getattr(linear, "bias", None),) if t is not None]
     bias = _ptr(linear.bias) if getattr(linear, "bias", None) is not None else None
     if type(linear) is cpu_linear.PackedLinear:
@@ -132,6 +143,9 @@ class NativeDecodeStep:
                           block_size=kv_caches[0][0].shape[1], rotary_half=model.cos_sin_cache.shape[1] // 2,
                           eps=first.eps, scale=model.scale)
         self._by_rows: dict[int, tuple[ctypes.Array, list[torch.Tensor]] | None] = {}
+        # With --enable-lora: the adapter slots, whose `step` is None in steps with no adapter rows.
+        qkv = model.layers[0].qkv_proj
+        self.lora_slots = qkv.slots if _is_lora(qkv) else None
 
     @classmethod
     def for_model(cls, model, ops, kv_caches) -> "NativeDecodeStep | None":
@@ -141,8 +155,8 @@ class NativeDecodeStep:
             return None
         if type(ops) is not TorchOps or _family(model) is None:
             return None
-        caches_ok = all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                        for pair in kv_caches for t in pair)
+        caches_ok = all(cpu_native.kv_format(t.dtype) is not None and t.dtype == kv_caches[0][0].dtype
+                        and t.device.type == "cpu" and t.is_contiguous() for pair in kv_caches for t in pair)
         first = model.layers[0]
         if (not caches_ok or first.num_heads > cpu_native.MAX_HEADS or first.head_dim > cpu_native.MAX_HEAD_DIM
                 or kv_caches[0][0].shape[1] > cpu_native.MAX_BLOCK or first.num_heads % first.num_kv_heads
@@ -173,6 +187,7 @@ class NativeDecodeStep:
                 keep.append(norm)
             entry.gelu = int(self.family == "gemma3")
             entry.key_cache, entry.value_cache = _ptr(key_cache), _ptr(value_cache)
+            entry.kv_format, entry.kv_values = cpu_native.kv_format(key_cache.dtype), cpu_native.kv_values(key_cache.dtype)
             entry.window = layer.window or 0
         return layers, keep
 
@@ -180,7 +195,8 @@ class NativeDecodeStep:
         """(x, residual) after the last layer, or None: the step is not one this path takes."""
         rows = x.shape[0]
         if (rows > MAX_ROWS or x.dtype != torch.float32 or not x.is_contiguous()
-                or not all(meta.decode_only for meta in metas)):
+                or not all(meta.decode_only for meta in metas)
+                or (self.lora_slots is not None and self.lora_slots.step is not None)):
             return None
         built = self._layers(rows)
         if built is None:

@@ -76,6 +76,16 @@ def test_tiny_llama_equals_the_per_operation_path(llama_dir, quantization):
     assert taken > 0
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "fp8_e4m3", "fp8_e5m2"])
+def test_compressed_kv_caches_equal_the_per_operation_path(llama_dir, kv_cache_dtype):
+    # The step writes keys and values as kv_quant.quantize does, and attends over the same bytes.
+    llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=8, kv_cache_dtype=kv_cache_dtype,
+              enable_prefix_caching=False)
+    native, per_op, taken = _native_and_per_op(llm, _prompts(5, seed=4), GREEDY)
+    _assert_equal(native, per_op)
+    assert taken > 0
+
+
 def test_sliding_window_and_qkv_bias_with_two_kv_groups():
     # Qwen2 with a window of 8: a full-attention layer and sliding ones, each group its own tables
     # and slots, and prompts longer than the window.
@@ -128,20 +138,28 @@ def test_declined_where_it_would_differ_or_cannot_run(llama_dir, monkeypatch):
     qwen3 = make_tiny_model(MODEL_CACHE / "qwen3", TinySpec(arch="qwen3", num_heads=4, num_kv_heads=2, head_dim=32,
                                                            seed=2))
     assert LLM(model=str(qwen3), dtype="float32").engine.runner.model.native_decode is None  # q/k norms
-    assert LLM(model=llama_dir, dtype="float32", kv_cache_dtype="bfloat16").engine.runner.model.native_decode is None
     assert LLM(model=llama_dir, dtype="float32", attention_backend="triton").engine.runner.model.native_decode is None
     monkeypatch.setenv("KVSERVE_CPU_DECODE_STEP", "0")
     assert LLM(model=llama_dir, dtype="float32").engine.runner.model.native_decode is None
 
 
-def test_lora_wrapped_projections_take_the_per_operation_path(llama_dir):
-    llm = LLM(model=llama_dir, dtype="float32", enable_lora=True)
-    step = llm.engine.runner.model.native_decode
-    assert step is not None
-    counted = _Counted(step)
+def test_with_lora_enabled_base_model_steps_take_it_and_adapter_steps_do_not(llama_dir, tmp_path):
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from kvserve.backend.lora import LoRARequest
+    from tests.backend.lora.peft_adapters import AdapterSpec, make_adapter
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+    adapter = make_adapter(hf, tmp_path / "a", AdapterSpec(rank=4, alpha=8, targets=("q_proj", "v_proj"), seed=0))
+    llm = LLM(model=llama_dir, dtype="float32", enable_lora=True, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
+    native, per_op, taken = _native_and_per_op(llm, _prompts(3), params)
+    _assert_equal(native, per_op)
+    assert taken > 0
+    counted = _Counted(llm.engine.runner.model.native_decode)
     llm.engine.runner.model.native_decode = counted
-    out = llm.generate(_prompts(2), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    assert counted.taken == 0 and all(len(o.outputs[0].token_ids) == 4 for o in out)
+    with_adapter = llm.generate(_prompts(3), params, lora_request=LoRARequest("a", 1, str(adapter)))
+    assert counted.taken == 0 and all(len(o.outputs[0].token_ids) == 6 for o in with_adapter)
 
 
 def test_prefill_steps_are_declined(llama_dir):
