@@ -71,8 +71,9 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     wrapper is its base."""
     if _is_lora(linear):
         linear = linear.base
-    keep = [t for t in (getattr(linear, "bias", None),) if t is not None]
-    bias = _ptr(linear.bias) if getattr(linear, "bias", None) is not None else None
+    bias_tensor = getattr(linear, "bias", None)
+    keep = [] if bias_tensor is None else [bias_tensor]
+    bias = _ptr(bias_tensor)
     if type(linear) is cpu_linear.PackedLinear:
         grid = linear.grid
         if grid is not None and rows <= cpu_linear.GRID_STRIP_MAX_ROWS:
