@@ -1,7 +1,7 @@
 """Speculative decoding served over HTTP on SmolLM2: TPOT at batch 1 on an input-grounded workload
 and throughput at concurrency 16 on the random dataset, each method against no speculation.
 
-    python -m kvserve.loadtests.studies.spec_bench --rounds 2 --json spec_bench.json
+    python -m kvserve.loadtests.spec_decode.spec_bench --rounds 2 --json spec_bench.json
 
 One `kvserve serve` per side (none, ngram, suffix) runs at once; the rounds interleave the sides
 (A, B, C, A, B, C ...) after a warm-up request each, so a shared, loaded machine slows all sides
