@@ -23,7 +23,7 @@ from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache import KVCacheManager
 from kvserve.backend.lora import LoRAError, LoRARegistry, LoRARequest
-from kvserve.backend.spec_decode import Speculator, parse_speculative_config, verify_proposals
+from kvserve.backend.spec_decode import Speculator, needs_position_state, parse_speculative_config, verify_proposals
 from kvserve.backend.structured import GrammarCompiler, GrammarMatchers
 from kvserve.backend.worker import ModelRunner
 from kvserve.seam.error_wire import ErrorKind, invalid
@@ -80,7 +80,8 @@ class LLMEngine:
             self.runner.lora_lookup = self.loras.pinned
         self.sampler = Sampler()
         spec_config = parse_speculative_config(config.speculative_config)
-        self.speculator = None if spec_config is None else Speculator(spec_config, self.max_model_len)
+        self.speculator = None if spec_config is None else Speculator(spec_config, self.max_model_len,
+                                                                             config.max_num_batched_tokens)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.matchers = GrammarMatchers(self.vocab_size)
         self.groups: dict[str, _Group] = {}
@@ -184,9 +185,13 @@ class LLMEngine:
         if sched.is_empty:
             self.runner.update_block_tables(sched)  # it still forgets the finished ones
             return outputs
+        started = time.perf_counter()
         logits, sample_ids = self.runner.execute(sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
         sampled, runs = self._sample(logits, sched, sample_ids, seqs)
+        if self.speculator is not None and _is_pure_decode(sched):
+            self.speculator.observe_step(sum(len(s.token_ids) for s in sched.scheduled),
+                                         time.perf_counter() - started)
         accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
@@ -208,8 +213,9 @@ class LLMEngine:
             for extra in runs.get(rid, ()):
                 if finish is not None:
                     break
-                self.scheduler.accept_draft_token(rid, extra)
-                finish = self._append_token(seq, SampledToken(extra), now)
+                self.scheduler.accept_draft_token(rid, extra.token_id)
+                self.matchers.accept(rid, extra.token_id)  # verified against this matcher: it accepts
+                finish = self._append_token(seq, extra, now)
                 num_extra += 1
             if finish is None and self.matchers.is_terminated(rid):
                 finish = RequestStatus.FINISHED_STOPPED  # the grammar ended: nothing more may follow
@@ -237,7 +243,7 @@ class LLMEngine:
         return outputs
 
     def _sample(self, logits, sched, sample_ids: list[str],
-                seqs: list[_Sequence]) -> tuple[list[SampledToken], dict[str, list[int]]]:
+                seqs: list[_Sequence]) -> tuple[list[SampledToken], dict[str, list[SampledToken]]]:
         """One token per sampling request (aligned with `seqs`), and for each request that
         verified proposals, the tokens of its run after that first one.
 
@@ -258,18 +264,56 @@ class LLMEngine:
             for i, tok in zip(plain, self.sampler(plain_logits, rows, self.matchers.mask_for(
                     [sample_ids[i] for i in plain]))):
                 sampled[i] = tok
-        runs: dict[str, list[int]] = {}
+        runs: dict[str, list[SampledToken]] = {}
         for i, rid in enumerate(sample_ids):
             k = num_spec.get(rid, 0)
             if not k:
                 continue
-            seq, drafts, row = seqs[i], verifying[rid].token_ids[-k:], self._sampling_row(seqs[i])
-            target = target_logits(logits[row_of[i]:row_of[i] + 1 + k], [row] * (1 + k))
-            run = verify_proposals(target, drafts, seq.request.sampling_params.greedy,
-                                   lambda scaled, row=row: draw_row(scaled, row))
-            self.speculator.record(len(drafts), len(run) - 1)
-            sampled[i], runs[rid] = SampledToken(run[0]), run[1:]
+            seq, drafts = seqs[i], verifying[rid].token_ids[-k:]
+            rows = logits[row_of[i]:row_of[i] + 1 + k]
+            if needs_position_state(seq.request.sampling_params) or rid in self.matchers:
+                run = self._verify_per_position(seq, rows, drafts)
+            else:
+                row = self._sampling_row(seq)
+                target = target_logits(rows, [row] * (1 + k))
+                run = [SampledToken(t) for t in verify_proposals(
+                    target, drafts, seq.request.sampling_params.greedy, lambda scaled, row=row: draw_row(scaled, row))]
+            self.speculator.record(rid, len(drafts), len(run) - 1)
+            sampled[i], runs[rid] = run[0], run[1:]
         return sampled, runs
+
+    def _verify_per_position(self, seq: _Sequence, rows, drafts: list[int]) -> list[SampledToken]:
+        """Verification for a request whose sampling depends on what it emitted so far: each
+        position is sampled by the plain sampler itself, as the step after the accepted drafts
+        before it would sample it (penalties and min_tokens over output + accepted drafts, its
+        bias, its grammar's mask in the state after those drafts, the raw logprobs of that
+        position). A draft is accepted when that token is the draft; the first other token ends
+        the run. So every emitted token, and its logprobs, is what plain decoding would give.
+
+        The grammar matcher advances through the accepted drafts to mask the next position, and
+        is rolled back afterwards: the step replays the run's tokens into it as it appends them,
+        stopping where a stop ends the request."""
+        rid, req = seq.request.request_id, seq.request
+        run: list[SampledToken] = []
+        advanced = 0
+        try:
+            for j in range(len(drafts) + 1):
+                row = SamplingRow(req.sampling_params, req.prompt_token_ids, req.output_token_ids + [
+                    t.token_id for t in run], seq.generator, req.eos_token_ids)
+                tok = self.sampler(rows[j:j + 1], [row], self.matchers.mask_for([rid]))[0]
+                if tok.token_id < 0 and j > 0:
+                    break  # the grammar allows nothing after the accepted drafts: the next step says so
+                run.append(tok)
+                if j == len(drafts) or tok.token_id != drafts[j]:
+                    break
+                if rid in self.matchers:
+                    self.matchers.accept(rid, tok.token_id)
+                    advanced += 1
+                    if self.matchers.is_terminated(rid):
+                        break  # the grammar ended on this draft: plain decoding would stop here too
+        finally:
+            self.matchers.rollback(rid, advanced)
+        return run
 
     @staticmethod
     def _sampling_row(seq: _Sequence) -> SamplingRow:
@@ -444,6 +488,12 @@ class LLMEngine:
 
 
 _SEED_SPAN = 2**64
+
+
+def _is_pure_decode(sched) -> bool:
+    """Every scheduled request runs its one new token (and its proposals): the steps the
+    speculation policy's cost line is fitted on."""
+    return all(s.samples and len(s.token_ids) - s.num_spec_tokens == 1 for s in sched.scheduled)
 
 
 def _adapter_names(requests) -> tuple[str, ...]:

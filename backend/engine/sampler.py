@@ -124,8 +124,9 @@ def _draw(scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 def target_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """The logits plain sampling draws from, without the draw: raw for greedy rows, else
     temperature-scaled and top-k/top-p/min-p filtered. Speculative verification compares
-    proposals against them; its rows have no bias, penalty or grammar (spec_decode/speculator.py
-    gives those requests no proposals), so nothing else applies."""
+    proposals against them, for requests with no bias, penalty, min_tokens, logprobs or grammar
+    (the others are verified position by position through the Sampler itself: engine.py
+    `_verify_per_position`), so nothing else applies."""
     logits = logits.float()
     if all(r.params.greedy for r in rows):
         return logits

@@ -17,6 +17,8 @@ _EXPORTS = {
     "SuffixProposer": ".suffix_proposer",
     "SuffixTree": ".suffix_tree",
     "Speculator": ".speculator",
+    "LoadPolicy": ".spec_policy",
+    "needs_position_state": ".speculator",
     "parse_speculative_config": ".spec_config",
     "verify_proposals": ".rejection_sampler",
 }

@@ -15,11 +15,14 @@ METHODS_BUILT = ("ngram", "suffix")
 METHODS_PLANNED = ("draft_model",)
 # k beyond this buys nothing on a CPU step and makes every rejected run costlier.
 MAX_SPECULATIVE_TOKENS = 16
+# kvserve's own key (vLLM has no such switch): "measured" grants proposals per step from the
+# measured step cost and acceptance (spec_policy.py); "off" verifies every proposal, as vLLM does.
+LOAD_POLICIES = ("measured", "off")
 _KEYS = {
-    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
+    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "load_policy"),
     "suffix": ("method", "num_speculative_tokens", "suffix_decoding_max_tree_depth",
                "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-               "suffix_decoding_min_token_prob"),
+               "suffix_decoding_min_token_prob", "load_policy"),
 }
 # vLLM caches 10,000 finished outputs by default; here a tree node is a Python object (~260 bytes,
 # and a 200-token output adds up to ~4,800 of them), so the default keeps a few hundred MB at most.
@@ -36,6 +39,7 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = DEFAULT_SUFFIX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    load_policy: str = "measured"
 
 
 def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -61,8 +65,11 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
     if unknown:
         raise ValueError(f"speculative_config.{unknown[0]}: unknown key for method {method!r} "
                          f"(known: {', '.join(_KEYS[method])})")
+    policy = value.get("load_policy", "measured")
+    if policy not in LOAD_POLICIES:
+        raise ValueError(f"speculative_config.load_policy: must be one of {', '.join(LOAD_POLICIES)}, got {policy!r}")
     if method == "suffix":
-        return _suffix_config(value)
+        return _suffix_config(value, policy)
     k = _int_in("num_speculative_tokens", value.get("num_speculative_tokens"), 1, MAX_SPECULATIVE_TOKENS)
     # vLLM's defaults: both 5 when neither is given, else the one missing equals the other.
     lo_raw, hi_raw = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
@@ -72,10 +79,10 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
     hi = _int_in("prompt_lookup_max", lo_raw if hi_raw is None else hi_raw, 1, 64)
     if hi < lo:
         raise ValueError(f"speculative_config.prompt_lookup_max: {hi} is below prompt_lookup_min ({lo})")
-    return SpeculativeConfig(method, k, lo, hi)
+    return SpeculativeConfig(method, k, lo, hi, load_policy=policy)
 
 
-def _suffix_config(value: dict[str, Any]) -> SpeculativeConfig:
+def _suffix_config(value: dict[str, Any], policy: str) -> SpeculativeConfig:
     depth = _int_in("suffix_decoding_max_tree_depth", value.get("suffix_decoding_max_tree_depth", 24), 2, 64)
     # vLLM's default k for suffix is the tree depth: the guess length is the method's own choice.
     k = _int_in("num_speculative_tokens",
@@ -87,7 +94,7 @@ def _suffix_config(value: dict[str, Any]) -> SpeculativeConfig:
     prob = _float_in("suffix_decoding_min_token_prob", value.get("suffix_decoding_min_token_prob", 0.1), 0.0, 1.0)
     return SpeculativeConfig("suffix", k, suffix_decoding_max_tree_depth=depth,
                              suffix_decoding_max_cached_requests=cached, suffix_decoding_max_spec_factor=factor,
-                             suffix_decoding_min_token_prob=prob)
+                             suffix_decoding_min_token_prob=prob, load_policy=policy)
 
 
 def _float_in(name: str, value: Any, lo: float, hi: float, low_open: bool = False) -> float:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
 from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
+from kvserve.backend.spec_decode.spec_policy import Grant, LoadPolicy
 from kvserve.backend.spec_decode.suffix_proposer import SuffixProposer
 
 log = logging.getLogger("kvserve.engine")
@@ -27,13 +28,14 @@ class SpecDecodeCounters:
     accepted_per_position: list[int] = field(default_factory=list)
 
 
-def wants_proposals(params) -> bool:
-    """What this slice verifies exactly: greedy and plain sampling (temperature, top-k/top-p/min-p).
-    Logprobs, penalties, logit_bias, grammars and n > 1 need per-position state the verifier does
-    not carry yet, so those requests decode plainly."""
-    return (params.n == 1 and params.logprobs is None and not params.logit_bias
-            and params.grammar is None and params.repetition_penalty == 1.0
-            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+def needs_position_state(params) -> bool:
+    """Whether sampling a position depends on the tokens emitted before it (penalties, min_tokens)
+    or needs more than the token (logprobs, bias): then the engine verifies position by position
+    through the plain sampler (engine.py `_verify_per_position`) rather than all rows at once.
+    A grammar needs it too; the engine knows which requests have a matcher."""
+    return (params.logprobs is not None or bool(params.logit_bias) or params.min_tokens > 0
+            or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
 
 
 def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:
@@ -45,31 +47,53 @@ def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, max_num_batched_tokens: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.proposer = make_proposer(config)
         self.counters = SpecDecodeCounters(accepted_per_position=[0] * config.num_speculative_tokens)
+        # "measured": the per-step grant of spec_policy.py; "off": every proposal is verified.
+        self.policy = LoadPolicy() if config.load_policy == "measured" else None
+        self.last_grant = Grant()
 
     def propose(self, running) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
-        left to compute). A proposer fault costs only this step's speculation, never a request."""
+        left to compute), as many as the load policy grants. A proposer fault costs only this
+        step's speculation, never a request."""
         try:
             self.proposer.sync(running)
             for req in running:
                 req.spec_token_ids = self._proposals(req)
+            if self.policy is not None:
+                self._apply_policy(running)
         except Exception:  # noqa: BLE001 - any proposer fault: decode plainly this step
             self.counters.num_proposer_errors += 1
             log.exception("speculative proposer failed: this step decodes without proposals")
             for req in running:
                 req.spec_token_ids = []
 
+    def _apply_policy(self, running) -> None:
+        self.policy.acceptance.forget({req.request_id for req in running})
+        # The step's tokens without proposals: one per decode, and the prompt chunks still to run
+        # (the budget caps them; waiting requests may add more, which only makes the step costlier).
+        left = [req.num_tokens - req.num_computed_tokens for req in running]
+        base = min(sum(n for n in left if n > 0), self.max_num_batched_tokens)
+        proposals = {req.request_id: len(req.spec_token_ids) for req in running if req.spec_token_ids}
+        self.last_grant = self.policy.grant(proposals, base, sum(1 for n in left if n == 1))
+        for req in running:
+            if req.spec_token_ids:
+                del req.spec_token_ids[self.last_grant.num_tokens.get(req.request_id, 0):]
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A pure-decode step's query tokens and wall time (forward + sampling), for the policy."""
+        if self.policy is not None:
+            self.policy.observe_step(num_tokens, seconds)
+
     def _proposals(self, req) -> list[int]:
         params = req.sampling_params
-        if req.num_tokens - req.num_computed_tokens != 1 or not wants_proposals(params):
+        if req.num_tokens - req.num_computed_tokens != 1:
             return []
-        if req.num_output_tokens < params.min_tokens:
-            return []  # min_tokens bans EOS per position: plain decoding until it is met
         k = self.config.num_speculative_tokens
         # The step emits up to k + 1 tokens; the drafts sit at positions num_tokens .. num_tokens+k-1.
         if params.max_tokens is not None:
@@ -79,7 +103,9 @@ class Speculator:
             return []
         return self.proposer.propose(req, k)
 
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record(self, request_id: str, num_draft_tokens: int, num_accepted: int) -> None:
+        if self.policy is not None:
+            self.policy.observe_draft(request_id, num_draft_tokens, num_accepted)
         self.counters.num_drafts += 1
         self.counters.num_draft_tokens += num_draft_tokens
         self.counters.num_accepted_tokens += num_accepted

@@ -53,6 +53,12 @@ class GrammarMatchers:
         matcher = self._matchers.get(seq_id)
         return True if matcher is None else bool(matcher.accept_token(token_id))
 
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepts (speculative verification tried a run of drafts)."""
+        matcher = self._matchers.get(seq_id)
+        if matcher is not None and num_tokens > 0:
+            matcher.rollback(num_tokens)
+
     def is_terminated(self, seq_id: str) -> bool:
         """The grammar is complete and its end was accepted: only a stop may follow."""
         matcher = self._matchers.get(seq_id)

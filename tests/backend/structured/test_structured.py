@@ -34,9 +34,24 @@ SCHEMA = {
 }
 
 
+# Every case runs plainly and with each speculative method: a proposal is checked against the
+# matcher, and the constrained output must obey the grammar all the same (issue 32).
+SPECULATION = {
+    "plain": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+              "load_policy": "off"},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 8, "load_policy": "off"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SPECULATION))
+def speculative_config(request):
+    return SPECULATION[request.param]
+
+
 @pytest.fixture(scope="module")
-def llm(llama_dir):
-    return LLM(model=llama_dir, max_num_seqs=8, max_model_len=512)
+def llm(llama_dir, speculative_config):
+    return LLM(model=llama_dir, max_num_seqs=8, max_model_len=512, speculative_config=speculative_config)
 
 
 def _params(**kw) -> SamplingParams:
@@ -90,9 +105,10 @@ def test_abort_and_length_free_matchers(llm):
     assert eng.kv.num_free_blocks == eng.kv.num_usable_blocks
 
 
-def test_preempted_constrained_request_still_validates(llama_dir):
+def test_preempted_constrained_request_still_validates(llama_dir, speculative_config):
     # 8 usable blocks of 16 tokens for 4 requests of ~60 tokens each: preemption by recompute must happen.
-    small = LLM(model=llama_dir, max_num_seqs=4, max_model_len=128, num_kv_blocks=9)
+    small = LLM(model=llama_dir, max_num_seqs=4, max_model_len=128, num_kv_blocks=9,
+                speculative_config=speculative_config)
     prompts = ["x " * 8 + str(i) for i in range(4)]
     outs = small.generate(prompts, [_params(seed=i, max_tokens=100, structured_outputs={"json": SCHEMA})
                                     for i in range(4)])

@@ -1,0 +1,1 @@
+"""Benchmarks of speculative decoding served over HTTP (issue 32)."""
