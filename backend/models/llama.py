@@ -5,7 +5,7 @@ Attention, cache store, norms and rotary go through `ops` (torch or Triton), so
 this file holds only the model's arithmetic.
 
 Under tensor parallelism (`shard` and `group` given, worker/parallel/) each rank holds its heads,
-its MLP columns and its vocabulary rows (models/tp_shard.py cuts them at load); o_proj's and
+its MLP columns and its vocabulary rows (worker/parallel/weight_shard.py cuts them at load); o_proj's and
 down_proj's partial sums are all-reduced, the embedding rows outside this rank's vocabulary are
 zero before their all-reduce, and the logits are gathered along the vocabulary. Without them the
 arithmetic is the single-process one, untouched.

@@ -18,7 +18,6 @@ from kvserve.backend.models.arch_config import ArchConfig
 from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
 from kvserve.backend.models.gguf_codes import BlockCodes, fuse
 from kvserve.backend.models.llama import LlamaForCausalLM
-from kvserve.backend.models.tp_shard import shard_tensor
 
 _FUSED = {
     "self_attn.q_proj": ("qkv_proj", 0), "self_attn.k_proj": ("qkv_proj", 1),
@@ -117,7 +116,8 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
                group=None) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model and its config. `block_codes`, when given, is filled with the GGUF blocks' codes of
     the weights that have them (gguf_codes.py), by parameter name, for cpu_linear.pack_linears.
-    `shard` and `group` (worker/parallel/): this tensor-parallel rank's part only, cut as read."""
+    `shard` and `group` (worker/parallel/): this tensor-parallel rank's part only, cut as read
+    (`shard.cut`), and the collectives its model calls."""
     gguf = gguf_checkpoint.gguf_file(model_path)
     if gguf is None:
         cfg = ArchConfig.from_model_dir(model_path)
@@ -143,7 +143,7 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
                 continue
             param, rows = target
             if shard is not None:
-                tensor, codes = shard_tensor(name, tensor, codes, cfg, shard)
+                tensor, codes = shard.cut(name, tensor, codes, cfg)
             if codes is not None:
                 code_parts.setdefault(names[id(param)], {})[0 if rows is None else rows.start] = codes
             dest = param if rows is None else param[rows]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvserve.backend.models.arch_config import ArchConfig
+from kvserve.backend.models import ArchConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +31,11 @@ class TensorShard:
     @property
     def vocab_start(self) -> int:
         return self.rank * self.vocab_rows
+
+    def cut(self, name: str, tensor, codes, arch: ArchConfig):
+        """This rank's part of checkpoint tensor `name` and of its GGUF codes (weight_shard.py)."""
+        from kvserve.backend.worker.parallel.weight_shard import shard_tensor
+        return shard_tensor(name, tensor, codes, arch, self)
 
 
 def check_parallel_plan(arch: ArchConfig, tp: int, quantization: str = "none", enable_lora: bool = False) -> None:

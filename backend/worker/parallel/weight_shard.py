@@ -2,7 +2,8 @@
 tensor is read, so that no rank keeps more than its shard (one whole tensor at a time passes
 through on its way: a GGUF tensor is dequantized whole).
 
-Megatron-LM's split, with `shard` from worker/parallel/plan.py:
+Megatron-LM's split, with `shard` a plan.TensorShard (the loader calls `shard.cut`, so that
+models/ needs nothing from here):
 
     column-parallel (output rows split)   q_proj, k_proj, v_proj (by heads), gate_proj, up_proj,
                                           embed_tokens and lm_head (by vocabulary rows)
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.backend.models.arch_config import ArchConfig
-from kvserve.backend.models.gguf_codes import HALF, BlockCodes
+from kvserve.backend.models import CODES_PER_STEP as HALF
+from kvserve.backend.models import ArchConfig, BlockCodes
 
 
 def _row_range(rest: str, arch: ArchConfig, shard) -> tuple[int, int] | None:
