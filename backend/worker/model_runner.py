@@ -167,10 +167,16 @@ class ModelRunner:
         return (self.arch.kv_bytes_per_token(kv_element_bytes(self.kv_dtype))
                 // self.arch.num_key_value_heads * self.num_kv_heads)
 
-    def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do without them)."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop the tensor-parallel workers (nothing to do without them); `graceful=False` after one
+        was lost: the others are killed, not asked (a stopped one could not answer)."""
         if self.executor is not None:
-            self.executor.close()
+            self.executor.close(graceful)
+
+    def check_workers(self) -> None:
+        """Raise WorkerLost if a tensor-parallel worker process has exited (cheap: a waitpid each)."""
+        if self.executor is not None:
+            self.executor.check_alive()
 
     @property
     def block_bytes(self) -> int:
@@ -200,7 +206,7 @@ class ModelRunner:
             num_blocks = budget.bytes // block_bytes + 1
         num_blocks = int(num_blocks)
         if self.group is not None:  # every rank's cache has the same block ids: the smallest budget wins
-            num_blocks = int(self.group.all_gather_last(torch.tensor([num_blocks])).min())
+            num_blocks = self.group.min_over_ranks(num_blocks)
         one_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
         if num_blocks < 2 or num_blocks - 1 < one_request:
             raise ValueError(

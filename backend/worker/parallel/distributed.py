@@ -65,6 +65,17 @@ class RankGroup:
             raise WorkerLost(f"tensor parallel all-gather failed: {exc}") from exc
         return torch.cat(parts, dim=-1)
 
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest of every rank's `value`, at start-up (the KV block count all ranks can hold).
+        On the unbounded control group: the ranks load their shards at their own pace."""
+        mine = torch.tensor([value], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        try:
+            self.control.allgather([parts], [mine]).wait()
+        except RuntimeError as exc:
+            raise WorkerLost(f"tensor parallel start-up failed: {exc}") from exc
+        return int(torch.cat(parts).min())
+
     def send_object(self, obj) -> None:
         """Rank 0: hand `obj` to every worker (size first, then the bytes)."""
         data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)

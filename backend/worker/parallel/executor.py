@@ -19,7 +19,6 @@ import os
 import pickle
 import subprocess
 import sys
-import threading
 import time
 
 import torch
@@ -31,7 +30,8 @@ log = logging.getLogger("kvserve.engine")
 # A step's collectives wait at most this long for a rank (a killed rank is noticed at once: its
 # socket closes; a stopped one only by this bound). Long enough for a cold first step of a
 # large prompt on a loaded CPU.
-STEP_TIMEOUT_S = float(os.environ.get("KVSERVE_TP_STEP_TIMEOUT_S", "60"))
+# KVSERVE_TP_STEP_TIMEOUT_S sets it (read when an engine starts).
+DEFAULT_STEP_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 300.0  # the workers' start: interpreter, imports, rendezvous
 _STOP_WAIT_S = 5.0
 
@@ -41,10 +41,11 @@ class TensorParallelExecutor:
 
     def __init__(self, config, world_size: int, threads_per_rank: int, device: torch.device) -> None:
         self.world_size = world_size
+        self.step_timeout_s = float(os.environ.get("KVSERVE_TP_STEP_TIMEOUT_S", DEFAULT_STEP_TIMEOUT_S))
         self.store = open_store("127.0.0.1", 0, world_size, True, START_TIMEOUT_S)
         worker_config = dataclasses.replace(config, num_threads=threads_per_rank, cpu_reserved_cores=0)
         self.store.set("engine_config", pickle.dumps(worker_config))
-        self.store.set("step_timeout_s", str(STEP_TIMEOUT_S))
+        self.store.set("step_timeout_s", str(self.step_timeout_s))
         self.procs = [subprocess.Popen([sys.executable, "-m", "kvserve.backend.worker.parallel.worker",
                                         "--master-addr", "127.0.0.1", "--master-port", str(self.store.port),
                                         "--rank", str(rank), "--world-size", str(world_size),
@@ -60,23 +61,21 @@ class TensorParallelExecutor:
                  world_size, [p.pid for p in self.procs], threads_per_rank, self.store.port)
 
     def _join(self, device: torch.device) -> RankGroup:
-        """The group, built while watching the workers: one that exits while starting fails the start
-        at once, instead of after the rendezvous' timeout."""
-        made: list = []
-        thread = threading.Thread(target=lambda: made.append(_try(RankGroup, self.store, 0, self.world_size,
-                                                                  STEP_TIMEOUT_S, device)), daemon=True)
-        thread.start()
+        """The group, once every worker has arrived at the store (each says so after its imports):
+        the groups' own rendezvous then waits for no one, so it can keep the step's bound. One that
+        exits while starting fails the start at once, not after START_TIMEOUT_S."""
+        keys = [f"arrived/{rank}" for rank in range(1, self.world_size)]
         deadline = time.monotonic() + START_TIMEOUT_S
-        while thread.is_alive():
+        while not self.store.check(keys):
             self.check_alive()
             if time.monotonic() > deadline:
-                raise WorkerLost(f"tensor parallel: the workers did not join within {START_TIMEOUT_S:.0f} s")
-            thread.join(0.1)
-        result = made[0]
-        if isinstance(result, BaseException):
+                raise WorkerLost(f"tensor parallel: the workers did not arrive within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        try:
+            return RankGroup(self.store, 0, self.world_size, self.step_timeout_s, device)
+        except RuntimeError as exc:
             self.check_alive()
-            raise WorkerLost(f"tensor parallel: the rendezvous failed: {result}") from result
-        return result
+            raise WorkerLost(f"tensor parallel: the rendezvous failed: {exc}") from exc
 
     def check_alive(self) -> None:
         """Raise WorkerLost if a local worker process has exited (one waitpid per worker: cheap)."""
@@ -90,13 +89,17 @@ class TensorParallelExecutor:
         self.check_alive()
         self.group.send_object((kind, out))
 
-    def close(self) -> None:
-        """Stop the workers: ask, then wait, then kill; no rank is left running."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers: ask, then wait, then kill; no rank is left running. Not graceful: kill."""
         if self.closed:
             return
         self.closed = True
         group = getattr(self, "group", None)
-        if group is not None and all(p.poll() is None for p in self.procs):
+        if not graceful:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+        elif group is not None and all(p.poll() is None for p in self.procs):
             try:
                 group.send_object(None)
             except WorkerLost:
@@ -109,9 +112,3 @@ class TensorParallelExecutor:
                 proc.kill()
                 proc.wait()
 
-
-def _try(fn, *args):
-    try:
-        return fn(*args)
-    except BaseException as exc:  # handed to the waiting thread
-        return exc

@@ -36,6 +36,7 @@ def serve(master_addr: str, master_port: int, rank: int, world_size: int) -> int
     store = open_store(master_addr, master_port, world_size, False, 300.0)
     config = pickle.loads(store.get("engine_config"))
     timeout_s = float(store.get("step_timeout_s").decode())
+    store.set(f"arrived/{rank}", "1")  # rank 0 builds the groups once every rank has
     group = RankGroup(store, rank, world_size, timeout_s, _device(config.device))
     runner = ModelRunner(config, group=group)
     while True:
