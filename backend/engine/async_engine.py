@@ -248,6 +248,7 @@ class AsyncEngine:
         self._thread.join(timeout)
         if hasattr(self, "engine"):
             self.engine.grammars.shutdown()
+            self.engine.runner.close()  # tensor-parallel workers, if any, stop with the engine
 
     # ---- engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:

@@ -49,7 +49,11 @@ class TensorParallelExecutor:
         self.procs = [subprocess.Popen([sys.executable, "-m", "kvserve.backend.worker.parallel.worker",
                                         "--master-addr", "127.0.0.1", "--master-port", str(self.store.port),
                                         "--rank", str(rank), "--world-size", str(world_size),
-                                        "--parent-pid", str(os.getpid())])
+                                        "--parent-pid", str(os.getpid())],
+                                       # Out of the engine's process group: a signal meant for the
+                                       # server (Ctrl-C, a supervisor's SIGTERM) reaches rank 0, which
+                                       # stops them in order; they die with it regardless (--parent-pid).
+                                       start_new_session=True)
                       for rank in range(1, world_size)]
         self.closed = False
         try:
