@@ -1,7 +1,7 @@
 """The collective cost of tensor parallelism on this machine: microseconds per gloo all-reduce of
 one layer's activation [tokens, hidden] over `world` local processes (a Llama layer does two).
 
-    python loadtests/studies/tp_allreduce.py --world 3 --hidden 576
+    python loadtests/studies/parallel/tp_allreduce.py --world 3 --hidden 576
 
 Absolute times, for the record (BENCHMARKS.md section on tensor parallelism): the sizes are
 interleaved round by round, every process on one thread, after a warm-up.
