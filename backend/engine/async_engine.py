@@ -39,6 +39,7 @@ from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.stop_matcher import stop_automaton
 from kvserve.backend.lora import LoRAError, LoRARequest
 from kvserve.backend.structured import CompileJob
+from kvserve.backend.worker import WorkerLost
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 from kvserve.seam.tokenizer import LONG_TEXT_CHARS
@@ -110,6 +111,8 @@ class AsyncEngine:
         self.last_error: str | None = None
         self._unhealthy_until = 0.0  # time.monotonic() until which healthy() is False
         self._closed = False
+        # Called on the engine thread after it stopped for good (a lost tensor-parallel worker).
+        self.on_fatal: Callable[[BaseException], None] | None = None
         self._start_error: BaseException | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), name="kvserve-engine", daemon=True)
@@ -245,6 +248,7 @@ class AsyncEngine:
         self._thread.join(timeout)
         if hasattr(self, "engine"):
             self.engine.grammars.shutdown()
+            self.engine.runner.close()  # tensor-parallel workers, if any, stop with the engine
 
     # ---- engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -255,10 +259,15 @@ class AsyncEngine:
             if self._compiling:
                 self._admit_compiled()
             if not self.engine.has_unfinished():
+                if self._lost_a_worker_while_idle():
+                    break
                 continue
             started = time.time()
             try:
                 outputs = self.engine.step()
+            except WorkerLost as exc:  # a rank is gone: this engine cannot step again
+                self._stop_after_lost_worker(exc, started)
+                break
             except Exception as exc:  # a fault in the forward pass must not kill the server
                 self._unhealthy_until = float("inf")  # not ready while the fault is handled
                 # No traceback at error level: logs must not carry file paths (or
@@ -285,6 +294,30 @@ class AsyncEngine:
             out = self.engine.fail(rid, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
             if out is not None:
                 self._deliver([out], time.time())
+
+    def _lost_a_worker_while_idle(self) -> bool:
+        try:
+            self.engine.runner.check_workers()
+        except WorkerLost as exc:
+            self._stop_after_lost_worker(exc, time.time())
+            return True
+        return False
+
+    def _stop_after_lost_worker(self, exc: WorkerLost, started: float) -> None:
+        """Tensor parallelism lost a rank (it died, or hung past the bound): every in-flight request
+        ends with an error, the other ranks are killed, the engine reports not ready for good and
+        `on_fatal` (the Triton model's: the process exits non-zero) lets a supervisor restart it."""
+        self._closed = True
+        self._unhealthy_until = float("inf")
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.critical("engine stopped: %s", exc)
+        outs = [o for rid in list(self.engine.groups)
+                if (o := self.engine.fail(rid, "internal error: a tensor-parallel worker was lost; the engine "
+                                          "stopped")) is not None]
+        self.engine.runner.close(graceful=False)  # before the errors leave: no rank outlives them
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+        self._deliver(outs, started)
 
     def _drain(self, block: bool) -> bool:
         """Apply queued adds/aborts; False when shutdown was requested."""

@@ -80,6 +80,13 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # Tensor parallelism (backend/worker/parallel/, vLLM's names): ranks that split each layer's
+    # heads and MLP and the vocabulary (Megatron-LM's scheme); 1 is the single-process engine.
+    # pipeline_parallel_size > 1 is refused: not built yet. distributed_executor_backend: "mp"
+    # (local worker processes; None picks it) or "ray" (refused: not built yet).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
     # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -120,6 +127,12 @@ class EngineConfig:
             _positive("max_cpu_loras", self.max_cpu_loras)
             if self.max_cpu_loras < self.max_loras:
                 raise ValueError(f"max_cpu_loras: must be >= max_loras ({self.max_loras}), got {self.max_cpu_loras}")
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        _positive("pipeline_parallel_size", self.pipeline_parallel_size)
+        if self.pipeline_parallel_size > 1:
+            raise ValueError(f"pipeline_parallel_size: {self.pipeline_parallel_size} is not supported yet "
+                             f"(pipeline parallelism is not built; only 1 is accepted)")
+        _check_executor_backend(self.distributed_executor_backend)
         # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
         if parse_speculative_config(self.speculative_config) is None:
             self.speculative_config = None
@@ -151,6 +164,20 @@ class EngineConfig:
 
         kwargs = parsed(tuple(f for f in dataclasses.fields(cls) if f.name != "debug"))
         return cls(**kwargs, debug=DebugConfig(**parsed(dataclasses.fields(DebugConfig))))
+
+
+def _check_executor_backend(name: str | None) -> None:
+    if name in (None, "mp"):
+        return
+    if name == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ValueError("distributed_executor_backend: 'ray' needs the ray package, which is not "
+                             "installed; use 'mp' (local worker processes)") from None
+        raise ValueError("distributed_executor_backend: 'ray' is not supported yet; use 'mp' "
+                         "(local worker processes)")
+    raise ValueError(f"distributed_executor_backend: must be 'mp' or 'ray', got {name!r}")
 
 
 def _positive(name: str, value: int) -> None:

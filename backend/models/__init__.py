@@ -9,6 +9,8 @@ from kvserve.backend import exports_loader
 # (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "ArchConfig": ".arch_config",
+    "BlockCodes": ".gguf_codes",
+    "CODES_PER_STEP": ".gguf_codes",
     "DEFAULT_CHAT_MODEL": ".fetch",
     "EncoderConfig": ".bert",
     "PackedBatch": ".bert",

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 HALF = 16  # inputs per step and offset in this form (Q6_K's sub-block, half of every other type's)
+CODES_PER_STEP = HALF  # the public name: a cut between inputs keeps the codes only at a multiple of it
 Q4, Q8, Q8_HALVES = 4, 8, 16  # grid_weights.py's kinds
 
 

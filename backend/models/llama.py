@@ -3,6 +3,12 @@
 The batch is flat: T tokens of all scheduled requests concatenated, no padding.
 Attention, cache store, norms and rotary go through `ops` (torch or Triton), so
 this file holds only the model's arithmetic.
+
+Under tensor parallelism (`shard` and `group` given, worker/parallel/) each rank holds its heads,
+its MLP columns and its vocabulary rows (worker/parallel/weight_shard.py cuts them at load); o_proj's and
+down_proj's partial sums are all-reduced, the embedding rows outside this rank's vocabulary are
+zero before their all-reduce, and the logits are gathered along the vocabulary. Without them the
+arithmetic is the single-process one, untouched.
 """
 from __future__ import annotations
 
@@ -15,11 +21,13 @@ from kvserve.backend.models.rope import build_cos_sin_cache
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, layer: int) -> None:
+    def __init__(self, cfg: ArchConfig, layer: int, shard=None, group=None) -> None:
         super().__init__()
         self.window = cfg.layer_window(layer)
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        self.num_heads = cfg.num_attention_heads if shard is None else shard.num_heads
+        self.num_kv_heads = cfg.num_key_value_heads if shard is None else shard.num_kv_heads
+        intermediate = cfg.intermediate_size if shard is None else shard.intermediate
+        self.group = group
         self.head_dim = cfg.head_dim
         self.eps = cfg.rms_norm_eps
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -27,8 +35,8 @@ class DecoderLayer(nn.Module):
         # q, k and v (and gate and up) are fused into one matmul each; the loader splices them.
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=False)
         self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.q_norm = nn.Parameter(torch.ones(self.head_dim)) if cfg.qk_norm else None
@@ -55,19 +63,26 @@ class DecoderLayer(nn.Module):
         ops.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
         attn = ops.attention(q, key_cache, value_cache, meta, scale, window=self.window)
         h = self.o_proj(attn.reshape(-1, self.q_size))
+        if self.group is not None:
+            self.group.all_reduce(h)
         h, residual = ops.rms_norm(h, self.post_attention_layernorm, self.eps, residual)
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
+        out = self.down_proj(ops.silu_and_mul(self.gate_up_proj(h)))
+        if self.group is not None:
+            self.group.all_reduce(out)
+        return out, residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ArchConfig, max_position: int) -> None:
+    def __init__(self, cfg: ArchConfig, max_position: int, shard=None, group=None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.shard, self.group = shard, group
+        vocab_rows = cfg.vocab_size if shard is None else shard.vocab_rows
+        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard, group) for i in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = (None if cfg.tie_word_embeddings
-                        else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
+                        else nn.Parameter(torch.empty(vocab_rows, cfg.hidden_size)))
         # A replacement for the logits matmul over `lm_head` (or the tied embedding), set by
         # models/quantize.py; parameters and loaders are unchanged by it.
         self.logits_proj: nn.Module | None = None
@@ -86,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids) if self.group is None else self._embed_vocab_parallel(input_ids)
         residual = None
         metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
         stack = None if self.native_decode is None else self.native_decode.run(x, positions, metas)
@@ -98,6 +113,17 @@ class LlamaForCausalLM(nn.Module):
         x, residual = x[logits_indices], residual[logits_indices]
         h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         if self.logits_proj is not None:
-            return self.logits_proj(h).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
-        return F.linear(h, weight).float()
+            logits = self.logits_proj(h).float()
+        else:
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
+            logits = F.linear(h, weight).float()
+        if self.group is None:
+            return logits
+        return self.group.all_gather_last(logits)[:, :self.cfg.vocab_size]
+
+    def _embed_vocab_parallel(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each rank looks up the ids in its vocabulary rows, zeros the others; the sum is the embedding."""
+        local = input_ids - self.shard.vocab_start
+        outside = (local < 0) | (local >= self.shard.vocab_rows)
+        x = self.embed_tokens(local.masked_fill(outside, 0)).masked_fill(outside[:, None], 0.0)
+        return self.group.all_reduce(x)

@@ -112,9 +112,12 @@ def load_arch_config(model: str | Path) -> ArchConfig:
 
 
 def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device, max_position: int,
-               block_codes: dict[str, BlockCodes] | None = None) -> tuple[LlamaForCausalLM, ArchConfig]:
+               block_codes: dict[str, BlockCodes] | None = None, shard=None,
+               group=None) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model and its config. `block_codes`, when given, is filled with the GGUF blocks' codes of
-    the weights that have them (gguf_codes.py), by parameter name, for cpu_linear.pack_linears."""
+    the weights that have them (gguf_codes.py), by parameter name, for cpu_linear.pack_linears.
+    `shard` and `group` (worker/parallel/): this tensor-parallel rank's part only, cut as read
+    (`shard.cut`), and the collectives its model calls."""
     gguf = gguf_checkpoint.gguf_file(model_path)
     if gguf is None:
         cfg = ArchConfig.from_model_dir(model_path)
@@ -125,7 +128,10 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
         cfg = ArchConfig.from_dict(config)
         tensors = _gguf_tensors(reader, config, with_codes=block_codes is not None)
     with torch.device("meta"):
-        model = (Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM)(cfg, max_position)
+        if shard is None:
+            model = (Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM)(cfg, max_position)
+        else:  # worker/parallel/plan.py refused Gemma 3 already
+            model = LlamaForCausalLM(cfg, max_position, shard, group)
     model = model.to_empty(device=device)
     loaded: set[tuple[int, int | None]] = set()
     names = {id(p): n for n, p in model.named_parameters()}
@@ -136,6 +142,8 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
             if target is None:
                 continue
             param, rows = target
+            if shard is not None:
+                tensor, codes = shard.cut(name, tensor, codes, cfg)
             if codes is not None:
                 code_parts.setdefault(names[id(param)], {})[0 if rows is None else rows.start] = codes
             dest = param if rows is None else param[rows]

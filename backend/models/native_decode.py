@@ -14,7 +14,8 @@ a KV cache the attention kernel does not read (it reads float32, bfloat16 and bo
 (oneDNN-only, torch's int4 kernel below its native threshold), rows for a LoRA adapter (steps of
 base-model rows only take it), a Llama-family
 model's q/k norms (Qwen3: its per-head norm runs in torch, not natively; Gemma's is native), exact
-GELU, or a shape beyond the attention kernel's bounds.
+GELU, a tensor-parallel shard (its all-reduces sit between the operations), or a shape beyond the
+attention kernel's bounds.
 KVSERVE_CPU_DECODE_STEP=0 turns it off (for A/B measurements).
 """
 from __future__ import annotations
@@ -108,6 +109,8 @@ def _family(model) -> str | None:
     """"llama" or "gemma3" where the native step computes what the model's layers do, else None."""
     from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
     from kvserve.backend.models.llama import LlamaForCausalLM
+    if getattr(model, "group", None) is not None:
+        return None  # a tensor-parallel shard: its all-reduces run between the layers' operations
     if type(model) is LlamaForCausalLM and not model.cfg.qk_norm:
         return "llama"
     if type(model) is Gemma3ForCausalLM and all(layer.approximate == "tanh" for layer in model.layers):

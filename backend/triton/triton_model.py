@@ -39,6 +39,10 @@ log = logging.getLogger("kvserve.backend")
 # preempts a thread of the engine's OpenMP team, so it is not shorter than it needs to be
 # (at 10 ms the idle wake-ups were most of this thread's CPU, ~4 sweeps per 40 ms step).
 _POLL_S = 0.05
+# After the engine stopped for good (a lost tensor-parallel worker): how long the error responses
+# get to leave before the process exits, and its status (a supervisor restarts it).
+_FATAL_FLUSH_S = 2.0
+EXIT_ENGINE_LOST = 1
 
 
 @dataclass(slots=True, eq=False)
@@ -81,6 +85,7 @@ class TritonLLMModel:
         max_loras = self.config.max_loras if self.config.enable_lora else 0
         self.telemetry = EngineTelemetry(metrics, self.config.model_name, max_loras)
         self.engine = AsyncEngine(self.config, [self.telemetry])
+        self.engine.on_fatal = self._exit_after_fatal
         self.lora = LoRAAdapters(self.engine, lora_settings, enabled=self.config.enable_lora,
                                  base_model_name=self.config.model_name)
         try:
@@ -173,6 +178,18 @@ class TritonLLMModel:
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:
             log.error("sending a LoRA control answer failed (%s)", type(exc).__name__)
+
+    def _exit_after_fatal(self, exc: BaseException) -> None:
+        """The engine cannot step again: let the failed requests' responses go, then end the process
+        (tritonserver's stub or the embedded host) with a non-zero status; readiness is False meanwhile."""
+        def leave() -> None:
+            deadline = time.monotonic() + _FATAL_FLUSH_S
+            while time.monotonic() < deadline and (not self._outputs.empty() or self._live):
+                time.sleep(0.05)
+            log.critical("exiting with status %d: %s", EXIT_ENGINE_LOST, exc)
+            logging.shutdown()
+            os._exit(EXIT_ENGINE_LOST)
+        threading.Thread(target=leave, name="kvserve-fatal-exit", daemon=True).start()
 
     def is_model_ready(self) -> bool:
         """Triton Python backend's user-defined readiness (ModelReady RPC): False

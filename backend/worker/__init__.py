@@ -9,6 +9,7 @@ from kvserve.backend import exports_loader
 # (tests/contract/test_import_rules.py), and each loads on first use.
 _EXPORTS = {
     "ModelRunner": ".model_runner",
+    "WorkerLost": ".parallel.distributed",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = exports_loader(__name__, _EXPORTS)

@@ -78,20 +78,36 @@ class _CudaSnapshot:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, group=None) -> None:
+        """`group`: a tensor-parallel worker's (worker/parallel/worker.py). Rank 0 (the engine's
+        runner, no group given) starts the workers itself when tensor_parallel_size > 1."""
         self.config = config
+        tp = config.tensor_parallel_size
         threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
         if threads is not None and config.num_threads and config.cpu_reserved_cores:
             log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
         # Always set, on the thread that steps the engine: a thread begins with the count last set
         # anywhere in the process (an embedding worker's, say), not with torch's default.
         threads = threads or torch_default_threads()
+        if tp > 1 and group is None:
+            threads = max(1, threads // tp)  # every rank its share of the cores (workers get it too)
         torch.set_num_threads(threads)
-        log.info("engine uses %d CPU thread(s)", threads)
+        log.info("engine uses %d CPU thread(s)%s", threads, f" per rank, {tp} ranks" if tp > 1 else "")
         self.device = resolve_device(config.device)
         # Taken before anything is loaded: the memory profile measures weights and activations against it.
         cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None
         arch = load_arch_config(config.model)
+        self.executor = None  # rank 0 of a tensor-parallel world: the workers' handle
+        self.shard = None
+        if tp > 1:
+            from kvserve.backend.worker.parallel.executor import TensorParallelExecutor
+            from kvserve.backend.worker.parallel.plan import check_parallel_plan, tensor_shard
+            check_parallel_plan(arch, tp, config.quantization, config.enable_lora)
+            if group is None:
+                self.executor = TensorParallelExecutor(config, tp, threads, self.device)
+                group = self.executor.group
+            self.shard = tensor_shard(arch, group.rank, tp)
+        self.group = group
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         self.max_model_len = config.max_model_len or arch.max_position_embeddings
         if self.max_model_len > arch.max_position_embeddings:
@@ -99,7 +115,8 @@ class ModelRunner:
                              f"max_position_embeddings ({arch.max_position_embeddings})")
         packs = wants_cpu_linear(self.device, self.dtype, config.quantization)
         block_codes = {} if packs else None  # a GGUF file's codes, for the CPU's grid kernels
-        self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len, block_codes)
+        self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len, block_codes,
+                                           self.shard, self.group)
         quantize_model(self.model, config.quantization, self.device)
         if packs:
             pack_linears(self.model, block_codes)
@@ -112,7 +129,7 @@ class ModelRunner:
         self.kv_groups = plan_groups([arch.layer_window(i) for i in range(arch.num_hidden_layers)])
         self.layer_slots = layer_slots(self.kv_groups, arch.num_hidden_layers)
         self.num_blocks = self._plan_kv_blocks(cuda_start)
-        shape = (self.num_blocks, self.block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, arch.head_dim)
         tensors = [(allocate_kv_tensor(shape, self.kv_dtype, self.device),
                     allocate_kv_tensor(shape, self.kv_dtype, self.device))
                    for _ in self.kv_groups[0].layers]
@@ -143,8 +160,25 @@ class ModelRunner:
         return load_adapter(lora, TargetShapes.of(self.arch), self.config.max_lora_rank)
 
     @property
+    def num_kv_heads(self) -> int:
+        """The KV heads this rank stores: all of them without tensor parallelism."""
+        return self.arch.num_key_value_heads if self.shard is None else self.shard.num_kv_heads
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return self.arch.kv_bytes_per_token(kv_element_bytes(self.kv_dtype))
+        return (self.arch.kv_bytes_per_token(kv_element_bytes(self.kv_dtype))
+                // self.arch.num_key_value_heads * self.num_kv_heads)
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the tensor-parallel workers (nothing to do without them); `graceful=False` after one
+        was lost: the others are killed, not asked (a stopped one could not answer)."""
+        if self.executor is not None:
+            self.executor.close(graceful)
+
+    def check_workers(self) -> None:
+        """Raise WorkerLost if a tensor-parallel worker process has exited (cheap: a waitpid each)."""
+        if self.executor is not None:
+            self.executor.check_alive()
 
     @property
     def block_bytes(self) -> int:
@@ -173,6 +207,8 @@ class ModelRunner:
             log.info("CPU KV cache size: %s; --kv-cache-memory sets it", budget.reason)
             num_blocks = budget.bytes // block_bytes + 1
         num_blocks = int(num_blocks)
+        if self.group is not None:  # every rank's cache has the same block ids: the smallest budget wins
+            num_blocks = self.group.min_over_ranks(num_blocks)
         one_request = blocks_for_request(self.kv_groups, self.max_model_len, self.block_size)
         if num_blocks < 2 or num_blocks - 1 < one_request:
             raise ValueError(
@@ -193,6 +229,9 @@ class ModelRunner:
     def _capture_graphs(self):
         """Decode CUDA graphs on CUDA with the Triton kernels (the torch path syncs with the host)."""
         if self.device.type != "cuda" or self.config.enforce_eager or self.ops.name != "triton":
+            return None
+        if self.group is not None:  # the collectives between the layers are not captured yet
+            log.info("CUDA graphs are not captured with tensor parallelism: decode runs eagerly")
             return None
         if self.lora is not None:  # each step's adapter rows are not part of a captured graph
             log.info("CUDA graphs are not captured with --enable-lora: decode runs eagerly")
@@ -246,7 +285,7 @@ class ModelRunner:
             block_tables=torch.zeros(num_seqs, width, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev), query_start_loc=query_start_loc,
             max_seq_len=max(q_lens), max_query_len=max(q_lens), decode_only=max(q_lens) == 1)
-        shape = (1, self.block_size, arch.num_key_value_heads, arch.head_dim)
+        shape = (1, self.block_size, self.num_kv_heads, arch.head_dim)
         null_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         caches = [(null_cache, null_cache)] * arch.num_hidden_layers
         input_ids = torch.randint(0, arch.vocab_size, (num_tokens,), device=dev)
@@ -259,6 +298,11 @@ class ModelRunner:
     def update_block_tables(self, out: SchedulerOutput) -> None:
         """Forget finished and preempted requests' tables, then append the new blocks
         (in this order: a request preempted and restarted in one step starts afresh)."""
+        if self.executor is not None:
+            self.executor.send("tables", out)
+        self._update_block_tables(out)
+
+    def _update_block_tables(self, out: SchedulerOutput) -> None:
         tables = self.block_tables
         for rid in (*out.finished_request_ids, *out.preempted_request_ids):
             tables.pop(rid, None)
@@ -272,6 +316,8 @@ class ModelRunner:
 
     def reset_block_tables(self) -> None:
         """After a failed step: every request was failed, none of their tables is needed."""
+        if self.executor is not None:
+            self.executor.send("reset", None)
         self.block_tables.clear()
 
     def _prepare(self, out: SchedulerOutput):
@@ -311,8 +357,11 @@ class ModelRunner:
         return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
 
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
-        """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample)."""
-        self.update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
+        """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample).
+        Rank 0 of a tensor-parallel world first hands `out` to the workers, which run the same."""
+        if self.executor is not None:
+            self.executor.send("step", out)
+        self._update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
         self.num_steps += 1
         # One-shot, so a test sees the engine fail and then recover.
         fault_step = self.config.debug.fault_injection_step

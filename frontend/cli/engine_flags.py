@@ -131,6 +131,12 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--speculative-config", "speculative decoding, as vLLM's JSON object: "
                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' "
                "(docs/serving-flags.md); off when unset", json_object),
+    # Tensor parallelism (issue 31, docs/parallelism.md): vLLM's names.
+    EngineFlag("--tensor-parallel-size", "ranks that split every layer (Megatron-LM's scheme); must divide the "
+               "model's attention heads; 1: one process", positive_int),
+    EngineFlag("--pipeline-parallel-size", "pipeline stages (only 1 yet: larger sizes are refused)", positive_int),
+    EngineFlag("--distributed-executor-backend", "how the ranks run: mp, local worker processes (the default); "
+               "ray is refused (not built yet)", choices=("mp", "ray")),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--enforce-eager", "CUDA: run decode steps eagerly instead of replaying CUDA graphs captured at "

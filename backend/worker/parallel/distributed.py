@@ -1,0 +1,101 @@
+"""The process groups of one tensor-parallel world: collectives through torch.distributed.
+
+Two gloo (or NCCL) groups over one TCPStore rendezvous on `master_addr:master_port`:
+
+    control   rank 0 -> workers: each step's SchedulerOutput, pickled into a uint8 tensor and
+              broadcast. No bound: an idle engine sends nothing for hours, and a worker must
+              wait for it (it still learns at once when rank 0's process dies: the socket closes).
+    tensor    the forward's all-reduces and the logits' all-gather, bounded by `timeout_s`: a
+              worker that died or stopped makes rank 0's next collective fail within the bound,
+              and rank 0 fails the engine (WorkerLost) instead of hanging a request forever.
+
+The groups are made directly (ProcessGroupGloo(store, ...)), not through init_process_group,
+so that no process-wide default group exists: several engines may live in one process (tests),
+each with its own world.
+"""
+from __future__ import annotations
+
+import datetime
+import pickle
+
+import torch
+import torch.distributed as dist
+
+_FOREVER = datetime.timedelta(days=365)
+
+
+class WorkerLost(RuntimeError):
+    """A rank died, hung past the bound, or broke its connection: the engine cannot step again."""
+
+
+def _make_group(store, prefix: str, rank: int, size: int, timeout: datetime.timedelta, device: torch.device):
+    prefixed = dist.PrefixStore(prefix, store)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
+    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+
+
+class RankGroup:
+    """This process's place in the world and its collectives. `size == 1` is never built: the
+    single-process path has no group at all."""
+
+    def __init__(self, store, rank: int, size: int, timeout_s: float, device: torch.device) -> None:
+        self.store, self.rank, self.size, self.device = store, rank, size, device
+        self.tensor = _make_group(store, "tensor", rank, size, datetime.timedelta(seconds=timeout_s), device)
+        # Objects travel on the CPU whatever the device: gloo for the control group always.
+        self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, _FOREVER)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (the row-parallel projections' partial sums)."""
+        try:
+            self.tensor.allreduce([x]).wait()
+        except RuntimeError as exc:
+            raise WorkerLost(f"tensor parallel all-reduce failed: {exc}") from exc
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` side by side along the last dimension (the vocabulary shards)."""
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        try:
+            self.tensor.allgather([parts], [x]).wait()
+        except RuntimeError as exc:
+            raise WorkerLost(f"tensor parallel all-gather failed: {exc}") from exc
+        return torch.cat(parts, dim=-1)
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest of every rank's `value`, at start-up (the KV block count all ranks can hold).
+        On the unbounded control group: the ranks load their shards at their own pace."""
+        mine = torch.tensor([value], dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        try:
+            self.control.allgather([parts], [mine]).wait()
+        except RuntimeError as exc:
+            raise WorkerLost(f"tensor parallel start-up failed: {exc}") from exc
+        return int(torch.cat(parts).min())
+
+    def send_object(self, obj) -> None:
+        """Rank 0: hand `obj` to every worker (size first, then the bytes)."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        try:
+            self.control.broadcast(torch.tensor([data.numel()], dtype=torch.int64), 0).wait()
+            self.control.broadcast(data, 0).wait()
+        except RuntimeError as exc:
+            raise WorkerLost(f"sending the step to the workers failed: {exc}") from exc
+
+    def receive_object(self):
+        """A worker: the next object rank 0 sends (blocks while the engine is idle)."""
+        length = torch.zeros(1, dtype=torch.int64)
+        self.control.broadcast(length, 0).wait()
+        data = torch.empty(int(length), dtype=torch.uint8)
+        self.control.broadcast(data, 0).wait()
+        return pickle.loads(data.numpy().tobytes())
+
+
+def open_store(master_addr: str, master_port: int, world_size: int, is_master: bool,
+               timeout_s: float) -> dist.TCPStore:
+    """The rendezvous: rank 0 listens (port 0 picks a free one; `.port` tells it), the others connect."""
+    return dist.TCPStore(master_addr, master_port, world_size, is_master,
+                         datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
