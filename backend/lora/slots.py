@@ -60,7 +60,12 @@ class LoRASlots:
         return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.bt.values()))
 
     def resident_ids(self) -> list[int]:
+        """The resident adapters' ids, least recently used first."""
         return list(self._resident)
+
+    def slot_of(self, lora_id: int) -> int | None:
+        held = self._resident.get(lora_id)
+        return None if held is None else held[0]
 
     def _slot_for(self, adapter: LoRAAdapter, needed: set[int]) -> int:
         lora_id = adapter.request.lora_int_id
