@@ -126,19 +126,25 @@ class LoRASlots:
             start += n
         step: dict[str, TargetGroups] = {}
         targets_of = {slot_of[i]: adapters[i].targets for i in needed}
+        # Targets whose adapters are the same slots share one set of index tensors: built once
+        # per step, not once per target (usually every target of a step has the same slots).
+        built: dict[tuple[int, ...], TargetGroups] = {}
         for target in TARGETS:
             if target not in self.shapes.shapes:
                 continue
-            order, starts, slots, row_slots = [], [0], [], []
-            for slot in sorted(rows_of):
-                if target in targets_of[slot]:
-                    order += rows_of[slot]
-                    row_slots += [slot] * len(rows_of[slot])
-                    starts.append(len(order))
-                    slots.append(slot)
+            slots = tuple(slot for slot in sorted(rows_of) if target in targets_of[slot])
             if slots:
-                step[target] = TargetGroups(
-                    torch.tensor(order, dtype=torch.int64, device=self.device), torch.tensor(starts, dtype=torch.int64),
-                    torch.tensor(slots, dtype=torch.int64),
-                    torch.tensor(row_slots, dtype=torch.int64, device=self.device), starts, slots)
+                if slots not in built:
+                    built[slots] = self._groups(slots, rows_of)
+                step[target] = built[slots]
         self.step = step or None
+
+    def _groups(self, slots: tuple[int, ...], rows_of: dict[int, list[int]]) -> TargetGroups:
+        order, starts, row_slots = [], [0], []
+        for slot in slots:
+            order += rows_of[slot]
+            row_slots += [slot] * len(rows_of[slot])
+            starts.append(len(order))
+        return TargetGroups(torch.tensor(order, dtype=torch.int64, device=self.device),
+                            torch.tensor(starts, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64),
+                            torch.tensor(row_slots, dtype=torch.int64, device=self.device), starts, list(slots))

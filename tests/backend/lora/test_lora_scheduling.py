@@ -192,3 +192,19 @@ def test_an_adapter_unloaded_while_pinned_lives_until_its_requests_end() -> None
     assert reg.num_pinned() == 0
     with pytest.raises(KeyError):
         reg.pinned(1)
+
+
+def test_targets_with_the_same_slots_share_one_set_of_index_tensors() -> None:
+    adapters = {1: _adapter(1, targets=("q_proj", "down_proj")), 2: _adapter(2, targets=("q_proj", "o_proj"))}
+    slots = LoRASlots(SHAPES, max_loras=2, max_rank=4, device=torch.device("cpu"), dtype=torch.float32)
+    slots.prepare([2, 1, 0, 2], [2, 1, 1, 1], adapters.__getitem__)
+    step = slots.step
+    one, two = _slot_of(slots, 1), _slot_of(slots, 2)
+    assert set(step) == {"q_proj", "down_proj", "o_proj"}
+    rows = {one: [2], two: [0, 1, 4]}
+    assert step["q_proj"].order.tolist() == [r for s in sorted(rows) for r in rows[s]]
+    assert step["q_proj"].slots == sorted(rows)
+    assert step["down_proj"].order.tolist() == [2] and step["down_proj"].slots == [one]
+    assert step["o_proj"].order.tolist() == [0, 1, 4] and step["o_proj"].row_slots.tolist() == [two] * 3
+    slots.prepare([2], [3], adapters.__getitem__)
+    assert slots.step["q_proj"] is slots.step["o_proj"]  # the same slots: one set of tensors
