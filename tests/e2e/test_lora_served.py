@@ -25,7 +25,8 @@ import pytest
 from tests.serve_process import kvserve_serve
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+# The timeout covers the module fixtures too: the reference decoding takes minutes on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.skipif(
     importlib.util.find_spec("kvserve.backend.host") is None
     or not (REPO / "model_repository" / "llm" / "1" / "model.py").is_file(),
     reason="needs the embedded host and model_repository/llm/1/model.py")]
