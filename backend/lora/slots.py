@@ -60,7 +60,12 @@ class LoRASlots:
         return sum(t.numel() * t.element_size() for t in (*self.a.values(), *self.bt.values()))
 
     def resident_ids(self) -> list[int]:
+        """The resident adapters' ids, least recently used first."""
         return list(self._resident)
+
+    def slot_of(self, lora_id: int) -> int | None:
+        held = self._resident.get(lora_id)
+        return None if held is None else held[0]
 
     def _slot_for(self, adapter: LoRAAdapter, needed: set[int]) -> int:
         lora_id = adapter.request.lora_int_id
@@ -121,19 +126,25 @@ class LoRASlots:
             start += n
         step: dict[str, TargetGroups] = {}
         targets_of = {slot_of[i]: adapters[i].targets for i in needed}
+        # Targets whose adapters are the same slots share one set of index tensors: built once
+        # per step, not once per target (usually every target of a step has the same slots).
+        built: dict[tuple[int, ...], TargetGroups] = {}
         for target in TARGETS:
             if target not in self.shapes.shapes:
                 continue
-            order, starts, slots, row_slots = [], [0], [], []
-            for slot in sorted(rows_of):
-                if target in targets_of[slot]:
-                    order += rows_of[slot]
-                    row_slots += [slot] * len(rows_of[slot])
-                    starts.append(len(order))
-                    slots.append(slot)
+            slots = tuple(slot for slot in sorted(rows_of) if target in targets_of[slot])
             if slots:
-                step[target] = TargetGroups(
-                    torch.tensor(order, dtype=torch.int64, device=self.device), torch.tensor(starts, dtype=torch.int64),
-                    torch.tensor(slots, dtype=torch.int64),
-                    torch.tensor(row_slots, dtype=torch.int64, device=self.device), starts, slots)
+                if slots not in built:
+                    built[slots] = self._groups(slots, rows_of)
+                step[target] = built[slots]
         self.step = step or None
+
+    def _groups(self, slots: tuple[int, ...], rows_of: dict[int, list[int]]) -> TargetGroups:
+        order, starts, row_slots = [], [0], []
+        for slot in slots:
+            order += rows_of[slot]
+            row_slots += [slot] * len(rows_of[slot])
+            starts.append(len(order))
+        return TargetGroups(torch.tensor(order, dtype=torch.int64, device=self.device),
+                            torch.tensor(starts, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64),
+                            torch.tensor(row_slots, dtype=torch.int64, device=self.device), starts, list(slots))

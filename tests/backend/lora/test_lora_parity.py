@@ -11,29 +11,13 @@ import torch
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.lora import LoRARequest
-from tests.backend.lora.peft_adapters import AdapterSpec, make_adapter
-
-
-def _hf_greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
-    out = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                               do_sample=False, eos_token_id=None, pad_token_id=0)
-            out.append(y[0, len(ids):].tolist())
-    return out
+from tests.backend.lora.peft_adapters import AdapterSpec
+from tests.backend.lora.peft_reference import SMOLLM2_SPECS, reference, smollm2_hf, smollm2_prompts
 
 
 def _check(hf, engine_path: str, specs: dict[str, AdapterSpec], prompts, n: int, tmp: Path, **engine_args):
-    from peft import PeftModel
-    folders = {name: make_adapter(hf, tmp / name, spec) for name, spec in specs.items()}
-    want = {None: _hf_greedy(hf, prompts, n)}
-    for name, folder in folders.items():
-        peft_model = PeftModel.from_pretrained(hf, str(folder)).eval()
-        want[name] = _hf_greedy(peft_model, prompts, n)
-        peft_model.unload()
-        assert want[name] != want[None], f"adapter {name} does not change the greedy tokens: a weak test"
+    ref = reference(hf, specs, prompts, n, tmp)
+    folders, want = ref.folders, ref.want
     llm = LLM(model=engine_path, dtype="float32", enable_lora=True, max_loras=len(specs), max_lora_rank=16,
               **engine_args)
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
@@ -63,17 +47,6 @@ def test_tiny_model_adapters_alone_and_mixed_equal_peft(llama_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_real_model_three_adapters_alone_and_mixed_equal_peft(real_model_path, tmp_path):
-    from transformers import AutoModelForCausalLM
-    from kvserve.backend.engine.engine_tokenizer import load_engine_tokenizer
-    path = Path(real_model_path)
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    tok = load_engine_tokenizer(real_model_path)
-    questions = ["What is the capital of France?", "Explain what a hash table is.", "Why is the sky blue?",
-                 "Write a haiku about autumn.", "How do I boil an egg?", "What is 17 times 23?",
-                 "Name the planets of the solar system.", "Tell me a fun fact about octopuses."]
-    prompts = [tok.encode(f"Question: {q}\nAnswer:", add_special_tokens=False) for q in questions]
-    specs = {"qv8": AdapterSpec(8, 16, ("q_proj", "v_proj"), seed=11, std=0.3),
-             "mlp16": AdapterSpec(16, 32, ("gate_proj", "up_proj", "down_proj"), seed=12, std=0.3),
-             "all4rs": AdapterSpec(4, 8, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                          "down_proj"), seed=13, std=0.2, use_rslora=True)}
-    _check(hf, real_model_path, specs, prompts, 48, tmp_path, max_model_len=256, max_num_seqs=16)
+    specs, prompts = SMOLLM2_SPECS, smollm2_prompts(real_model_path)
+    _check(smollm2_hf(real_model_path), real_model_path, specs, prompts, 48, tmp_path, max_model_len=256,
+           max_num_seqs=16)
