@@ -1,12 +1,12 @@
-/* A Llama-family (or Gemma 3) decoder stack for one decode step in one call: every layer's norms, projections,
- * rotary embedding, KV write, paged attention and MLP, over the kernels of the other files.
+/* A Llama-family (or Gemma 3) decoder stack for one decode step in one call: every layer's norms,
+ * projections, rotary embedding, KV write, paged attention and MLP, over the other files' kernels.
  *
  * From Python a layer is ~30 operations (each a ctypes call, a torch allocation or a view) and at
  * batch 1 on SmolLM2 those dispatches were ~3 ms of a ~7 ms step, more than the attention. Here
  * the same kernels run in the same order with the same thread counts, so the result is the
- * per-operation path's bit for bit (tests/kernels/test_cpu_decode_step.py); only the Python
+ * per-operation path's bit for bit (tests/backend/models/test_native_decode.py); only the Python
  * between them is gone. backend/models/native_decode.py decides when a step may take it (decode
- * rows only, float32 caches, every projection on a native kernel) and keeps the descriptors.
+ * rows only, every projection on a native kernel) and keeps the descriptors.
  */
 #include <stdint.h>
 #include <stdlib.h>
