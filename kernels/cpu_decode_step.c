@@ -4,8 +4,8 @@
  * From Python a layer is ~30 operations (each a ctypes call, a torch allocation or a view) and at
  * batch 1 on SmolLM2 those dispatches were ~3 ms of a ~7 ms step, more than the attention. Here
  * the same kernels run in the same order with the same thread counts, so the result is the
- * per-operation path's bit for bit (tests/backend/models/test_native_decode.py); only the Python
- * between them is gone. backend/models/native_decode.py decides when a step may take it (decode
+ * per-operation path's bit for bit (tests/backend/worker/test_native_decode.py); only the Python
+ * between them is gone. backend/worker/native_decode.py decides when a step may take it (decode
  * rows only, every projection on a native kernel) and keeps the descriptors.
  */
 #include <stdint.h>

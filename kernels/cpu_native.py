@@ -19,7 +19,7 @@ callers keep their torch path.
   (kernels/lora_sgmv.py has the torch reference);
 - cpu_kv_write.c: float32 keys and values converted to a cache format as kv_quant.py's `quantize` does;
 - cpu_decode_step.c: a Llama-family or Gemma 3 decoder stack for one decode step over the kernels above, in one call
-  (backend/models/native_decode.py drives it).
+  (backend/worker/native_decode.py drives it).
 """
 from __future__ import annotations
 
@@ -338,7 +338,7 @@ def _linear_runs() -> bool:
 
 
 def decode_step(shape, layers, num_layers: int, x: int, x_out: int, residual_out: int) -> int:
-    """kvserve_decode_step_f32 over ctypes structs (backend/models/native_decode.py builds them);
+    """kvserve_decode_step_f32 over ctypes structs (backend/worker/native_decode.py builds them);
     nonzero where a kernel declined."""
     return _library().kvserve_decode_step_f32(shape, layers, num_layers, x, x_out, residual_out)
 

@@ -84,7 +84,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)))
         self.logits_proj: nn.Module | None = None  # as LlamaForCausalLM's (models/quantize.py)
-        self.native_decode = None  # as LlamaForCausalLM's (models/native_decode.py)
+        self.native_decode = None  # as LlamaForCausalLM's (worker/native_decode.py)
         self.scale = cfg.attention_scale
         self.build_rotary()
 

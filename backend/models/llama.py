@@ -86,7 +86,7 @@ class LlamaForCausalLM(nn.Module):
         # A replacement for the logits matmul over `lm_head` (or the tied embedding), set by
         # models/quantize.py; parameters and loaders are unchanged by it.
         self.logits_proj: nn.Module | None = None
-        # The decoder stack of decode steps as one native call (models/native_decode.py), set by the
+        # The decoder stack of decode steps as one native call (worker/native_decode.py), set by the
         # model runner where it applies; None: the layers below run one operation at a time.
         self.native_decode = None
         self.scale = cfg.head_dim ** -0.5

@@ -27,9 +27,9 @@ from kvserve.backend.kv_cache import (CudaMemoryProfile, blocks_for_request, cpu
                                       layer_slots, plan_groups, profile_query_lens, read_host_memory)
 from kvserve.backend.models import (ArchConfig, load_arch_config, load_model, pack_linears, quantize_model,
                                     wants_cpu_linear)
-from kvserve.backend.models.native_decode import NativeDecodeStep
 from kvserve.backend.worker.cpu_threads import engine_threads, torch_default_threads
 from kvserve.backend.worker.kv_cache_tensors import allocate_kv_tensor, kv_element_bytes, resolve_kv_dtype
+from kvserve.backend.worker.native_decode import NativeDecodeStep
 from kvserve.backend.worker.ops import select_ops
 
 log = logging.getLogger("kvserve.engine")

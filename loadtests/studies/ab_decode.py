@@ -10,7 +10,7 @@ ratios mean anything. Variants (`--a`, `--b`):
 
 - `ref`: the CPU ops as they were (the torch references, every layer derives its own indices)
 - `cur`: the engine as it runs (`TorchOps` with its per-step plans, and decode steps as one native call
-  where backend/models/native_decode.py applies)
+  where backend/worker/native_decode.py applies)
 - `perop`: the same engine with the native decode step off (every layer's operations from Python)
 - `unpacked`: an engine of its own with F.linear (KVSERVE_CPU_PACKED_LINEAR=0) and the engine's ops
 - `int8`, `int4`: an engine of its own with `quantization` set (same prompts)

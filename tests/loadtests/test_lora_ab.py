@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvserve.backend.lora import LoRARequest, TargetShapes, load_adapter
 from kvserve.backend.models import load_arch_config
 from kvserve.loadtests.bench.bench_request import BenchRequest
-from kvserve.loadtests.studies.lora_ab import _RoundRobinModels, write_adapter
+from kvserve.loadtests.lora.lora_ab import _RoundRobinModels, write_adapter
 
 
 def test_written_adapters_load_with_every_target_and_the_rank(llama_dir, tmp_path) -> None:

@@ -25,7 +25,9 @@ import os
 
 import torch
 
-from kvserve.backend.models import cpu_linear, quantize
+from kvserve.backend.models import (GRID_STRIP_MAX_ROWS, INT4_NATIVE_MIN_ROWS, NATIVE_MAX_ROWS, Gemma3ForCausalLM,
+                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear)
+from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 
 # cpu_decode_step.c's LIN_* and the ctypes mirrors of its structs (field for field).
@@ -52,12 +54,12 @@ class _Shape(ctypes.Structure):
                 ("eps", _f), ("scale", _f), ("num_threads", _i64), ("parallel_min_elements", _i64)]
 
 
-MAX_ROWS = cpu_linear.NATIVE_MAX_ROWS  # above it the projections leave the native kernels
+MAX_ROWS = NATIVE_MAX_ROWS  # above it the projections leave the native kernels
 
 
 def _is_lora(linear) -> bool:
-    """A backend/lora/layers.py LoRAProjection (by its name: models/ does not import lora/, which
-    imports models/)."""
+    """A backend/lora/layers.py LoRAProjection, known by its name: the model runner imports lora/
+    only with --enable-lora."""
     return type(linear).__name__ == "LoRAProjection"
 
 
@@ -75,9 +77,9 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     bias_tensor = getattr(linear, "bias", None)
     keep = [] if bias_tensor is None else [bias_tensor]
     bias = _ptr(bias_tensor)
-    if type(linear) is cpu_linear.PackedLinear:
+    if type(linear) is PackedLinear:
         grid = linear.grid
-        if grid is not None and rows <= cpu_linear.GRID_STRIP_MAX_ROWS:
+        if grid is not None and rows <= GRID_STRIP_MAX_ROWS:
             d = _Linear(_LIN_STRIPS, grid.kind, _ptr(grid.strips), None, None, bias)
             keep.append(grid.strips)
         elif grid is not None and grid.tiles is not None and rows <= linear.max_native_rows:
@@ -91,11 +93,11 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
             keep.append(linear.native)
         else:
             return None
-    elif type(linear) is quantize.Int8Linear and linear.native is not None:
+    elif type(linear) is Int8Linear and linear.native is not None:
         d = _Linear(_LIN_I8, 0, _ptr(linear.native), _ptr(linear.native_scales), None, bias)
         keep += [linear.native, linear.native_scales]
-    elif (type(linear) is quantize.Int4Linear and linear.native is not None
-          and rows >= quantize.INT4_NATIVE_MIN_ROWS):
+    elif (type(linear) is Int4Linear and linear.native is not None
+          and rows >= INT4_NATIVE_MIN_ROWS):
         w = linear.native
         d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
         keep += [w.codes, w.scales, w.zeros]
@@ -107,8 +109,6 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
 
 def _family(model) -> str | None:
     """"llama" or "gemma3" where the native step computes what the model's layers do, else None."""
-    from kvserve.backend.models.gemma3 import Gemma3ForCausalLM
-    from kvserve.backend.models.llama import LlamaForCausalLM
     if getattr(model, "group", None) is not None:
         return None  # a tensor-parallel shard: its all-reduces run between the layers' operations
     if type(model) is LlamaForCausalLM and not model.cfg.qk_norm:
@@ -154,7 +154,6 @@ class NativeDecodeStep:
     @classmethod
     def for_model(cls, model, ops, kv_caches) -> "NativeDecodeStep | None":
         """The native step for this model on these ops and caches, or None where it never applies."""
-        from kvserve.backend.worker.ops import TorchOps
         if os.environ.get("KVSERVE_CPU_DECODE_STEP", "1") == "0" or not cpu_native.linear_available():
             return None
         if type(ops) is not TorchOps or _family(model) is None:

@@ -1,7 +1,7 @@
 """What serving LoRA adapters costs: throughput at concurrency 16 with 0, 1, 4 and 8 distinct
 rank-16 adapters, each against the base model alone, served.
 
-    python -m kvserve.loadtests.studies.lora_ab --rounds 3 --json lora_ab.json
+    python -m kvserve.loadtests.lora.lora_ab --rounds 3 --json lora_ab.json
 
 Two `kvserve serve` processes on the same model, both up before the first round: "base" without
 --enable-lora (the base model alone, nothing wrapped), and one with --enable-lora --max-loras 8
@@ -139,7 +139,7 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvserve.loadtests.studies.lora_ab", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m kvserve.loadtests.lora.lora_ab", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=None, help="model (default: SmolLM2-135M-Instruct, the default model)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every arm, order rotated")

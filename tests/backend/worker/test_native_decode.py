@@ -1,4 +1,4 @@
-"""The native decode step (backend/models/native_decode.py) against the per-operation path of the
+"""The native decode step (backend/worker/native_decode.py) against the per-operation path of the
 same engine: the same kernels in the same order, so tokens and logprobs must be equal exactly,
 not within a tolerance. Each case also checks that the native step really ran, and the cases it
 must decline fall back without changing a result."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvserve.backend import LLM, SamplingParams
-from kvserve.backend.models.native_decode import NativeDecodeStep
+from kvserve.backend.worker.native_decode import NativeDecodeStep
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
 from kvserve.kernels import cpu_native
 from tests.conftest import MODEL_CACHE

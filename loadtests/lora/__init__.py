@@ -1,0 +1,1 @@
+"""Benchmarks of multi-LoRA serving over HTTP (issue 33)."""
