@@ -10,6 +10,7 @@ from kvserve.backend import exports_loader
 _EXPORTS = {
     "AsyncEngine": ".async_engine",
     "CompletionOutput": ".outputs",
+    "DebugConfig": ".config",
     "EngineClosed": ".async_engine",
     "EngineConfig": ".config",
     "EngineOverloaded": ".async_engine",
@@ -19,6 +20,7 @@ _EXPORTS = {
     "Request": ".request",
     "RequestOutput": ".outputs",
     "SamplingParams": ".sampling_params",
+    "ScheduledRequest": ".scheduler",
     "SchedulerOutput": ".scheduler",
     "TokenLogprob": ".outputs",
     "env_overrides": ".config",

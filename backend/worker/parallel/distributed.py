@@ -2,7 +2,7 @@
 
 Two gloo (or NCCL) groups over one TCPStore rendezvous on `master_addr:master_port`:
 
-    control   rank 0 -> workers: each step's SchedulerOutput, pickled into a uint8 tensor and
+    control   rank 0 -> workers: each step's SchedulerOutput, as JSON (wire.py) in a uint8 tensor and
               broadcast. No bound: an idle engine sends nothing for hours, and a worker must
               wait for it (it still learns at once when rank 0's process dies: the socket closes).
     tensor    the forward's all-reduces and the logits' all-gather, bounded by `timeout_s`: a
@@ -16,10 +16,11 @@ each with its own world.
 from __future__ import annotations
 
 import datetime
-import pickle
 
 import torch
 import torch.distributed as dist
+
+from kvserve.backend.worker.parallel.wire import decode_message, encode_message
 
 _FOREVER = datetime.timedelta(days=365)
 
@@ -78,7 +79,7 @@ class RankGroup:
 
     def send_object(self, obj) -> None:
         """Rank 0: hand `obj` to every worker (size first, then the bytes)."""
-        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(encode_message(obj)), dtype=torch.uint8)
         try:
             self.control.broadcast(torch.tensor([data.numel()], dtype=torch.int64), 0).wait()
             self.control.broadcast(data, 0).wait()
@@ -91,7 +92,7 @@ class RankGroup:
         self.control.broadcast(length, 0).wait()
         data = torch.empty(int(length), dtype=torch.uint8)
         self.control.broadcast(data, 0).wait()
-        return pickle.loads(data.numpy().tobytes())
+        return decode_message(data.numpy().tobytes())
 
 
 def open_store(master_addr: str, master_port: int, world_size: int, is_master: bool,

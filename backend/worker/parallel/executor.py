@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import time
 import torch
 
 from kvserve.backend.worker.parallel.distributed import RankGroup, WorkerLost, open_store
+from kvserve.backend.worker.parallel.wire import encode_config
 
 log = logging.getLogger("kvserve.engine")
 
@@ -44,7 +44,7 @@ class TensorParallelExecutor:
         self.step_timeout_s = float(os.environ.get("KVSERVE_TP_STEP_TIMEOUT_S", DEFAULT_STEP_TIMEOUT_S))
         self.store = open_store("127.0.0.1", 0, world_size, True, START_TIMEOUT_S)
         worker_config = dataclasses.replace(config, num_threads=threads_per_rank, cpu_reserved_cores=0)
-        self.store.set("engine_config", pickle.dumps(worker_config))
+        self.store.set("engine_config", encode_config(worker_config))
         self.store.set("step_timeout_s", str(self.step_timeout_s))
         self.procs = [subprocess.Popen([sys.executable, "-m", "kvserve.backend.worker.parallel.worker",
                                         "--master-addr", "127.0.0.1", "--master-port", str(self.store.port),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pickle
 import sys
 import threading
 import time
@@ -32,9 +31,10 @@ def _watch_parent(pid: int) -> None:
 def serve(master_addr: str, master_port: int, rank: int, world_size: int) -> int:
     from kvserve.backend.worker.model_runner import InjectedFault, ModelRunner
     from kvserve.backend.worker.parallel.distributed import RankGroup, open_store
+    from kvserve.backend.worker.parallel.wire import decode_config
 
     store = open_store(master_addr, master_port, world_size, False, 300.0)
-    config = pickle.loads(store.get("engine_config"))
+    config = decode_config(store.get("engine_config"))
     timeout_s = float(store.get("step_timeout_s").decode())
     store.set(f"arrived/{rank}", "1")  # rank 0 builds the groups once every rank has
     group = RankGroup(store, rank, world_size, timeout_s, _device(config.device))
