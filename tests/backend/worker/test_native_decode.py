@@ -62,6 +62,13 @@ def _assert_equal(native, per_op) -> None:
         assert a.outputs[0].logprobs == b.outputs[0].logprobs  # the same floats, not close ones
 
 
+def _assert_native_equals_per_op(llm: LLM, prompts, params: SamplingParams, min_taken: int = 1) -> None:
+    """Both paths give the same outputs, and the native step ran at least `min_taken` steps."""
+    native, per_op, taken = _native_and_per_op(llm, prompts, params)
+    _assert_equal(native, per_op)
+    assert taken >= min_taken
+
+
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
 
 
@@ -71,9 +78,7 @@ def test_tiny_llama_equals_the_per_operation_path(llama_dir, quantization):
     llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=16, quantization=quantization, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=2, ignore_eos=True)
     prompts = _prompts(10)
-    native, per_op, taken = _native_and_per_op(llm, prompts, params)
-    _assert_equal(native, per_op)
-    assert taken > 0
+    _assert_native_equals_per_op(llm, prompts, params)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "fp8_e4m3", "fp8_e5m2"])
@@ -81,9 +86,7 @@ def test_compressed_kv_caches_equal_the_per_operation_path(llama_dir, kv_cache_d
     # The step writes keys and values as kv_quant.quantize does, and attends over the same bytes.
     llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=8, kv_cache_dtype=kv_cache_dtype,
               enable_prefix_caching=False)
-    native, per_op, taken = _native_and_per_op(llm, _prompts(5, seed=4), GREEDY)
-    _assert_equal(native, per_op)
-    assert taken > 0
+    _assert_native_equals_per_op(llm, _prompts(5, seed=4), GREEDY)
 
 
 def test_sliding_window_and_qkv_bias_with_two_kv_groups():
@@ -91,36 +94,28 @@ def test_sliding_window_and_qkv_bias_with_two_kv_groups():
     # and slots, and prompts longer than the window.
     model_dir = str(make_tiny_model(MODEL_CACHE / "native-decode-qwen2", SLIDING_QWEN2))
     llm = LLM(model=model_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
-    native, per_op, taken = _native_and_per_op(llm, _prompts(6, seed=1), SamplingParams(max_tokens=20, temperature=0,
+    _assert_native_equals_per_op(llm, _prompts(6, seed=1), SamplingParams(max_tokens=20, temperature=0,
                                                                                           ignore_eos=True, logprobs=1))
-    _assert_equal(native, per_op)
-    assert taken > 0
 
 
 def test_tiny_gemma3_equals_the_per_operation_path():
     model_dir = str(make_tiny_model(MODEL_CACHE / "native-decode-gemma3", GEMMA3))
     llm = LLM(model=model_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
-    native, per_op, taken = _native_and_per_op(llm, _prompts(7, seed=3), SamplingParams(max_tokens=20, temperature=0,
+    _assert_native_equals_per_op(llm, _prompts(7, seed=3), SamplingParams(max_tokens=20, temperature=0,
                                                                                           ignore_eos=True, logprobs=1))
-    _assert_equal(native, per_op)
-    assert taken > 0
 
 
 @pytest.mark.slow
 def test_real_gemma3_equals_the_per_operation_path(gemma3_model_path):
     llm = LLM(model=gemma3_model_path, max_num_seqs=8, max_model_len=1024, enable_prefix_caching=False)
     prompts = ["The capital of France is", "def quicksort(xs):", "The three laws of motion are", "Once upon a time"]
-    native, per_op, taken = _native_and_per_op(llm, prompts, GREEDY)
-    _assert_equal(native, per_op)
-    assert taken >= GREEDY.max_tokens - 1
+    _assert_native_equals_per_op(llm, prompts, GREEDY, min_taken=GREEDY.max_tokens - 1)
 
 
 def test_seeded_sampling_draws_the_same_tokens(llama_dir):
     llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=8, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True)
-    native, per_op, taken = _native_and_per_op(llm, _prompts(4, seed=2), params)
-    _assert_equal(native, per_op)
-    assert taken > 0
+    _assert_native_equals_per_op(llm, _prompts(4, seed=2), params)
 
 
 def test_real_model_grid_codes_equal_the_per_operation_path(real_model_path):
@@ -129,9 +124,7 @@ def test_real_model_grid_codes_equal_the_per_operation_path(real_model_path):
     prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,", "def fib(n):",
                "Translate to French: good morning", "The three primary colours are", "Once upon a time",
                "SELECT * FROM", "import numpy as np\n"]
-    native, per_op, taken = _native_and_per_op(llm, prompts, GREEDY)
-    _assert_equal(native, per_op)
-    assert taken >= GREEDY.max_tokens - 1
+    _assert_native_equals_per_op(llm, prompts, GREEDY, min_taken=GREEDY.max_tokens - 1)
 
 
 def test_declined_where_it_would_differ_or_cannot_run(llama_dir, monkeypatch):
@@ -153,9 +146,7 @@ def test_with_lora_enabled_base_model_steps_take_it_and_adapter_steps_do_not(lla
     adapter = make_adapter(hf, tmp_path / "a", AdapterSpec(rank=4, alpha=8, targets=("q_proj", "v_proj"), seed=0))
     llm = LLM(model=llama_dir, dtype="float32", enable_lora=True, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
-    native, per_op, taken = _native_and_per_op(llm, _prompts(3), params)
-    _assert_equal(native, per_op)
-    assert taken > 0
+    _assert_native_equals_per_op(llm, _prompts(3), params)
     counted = _Counted(llm.engine.runner.model.native_decode)
     llm.engine.runner.model.native_decode = counted
     with_adapter = llm.generate(_prompts(3), params, lora_request=LoRARequest("a", 1, str(adapter)))
