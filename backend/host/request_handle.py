@@ -17,6 +17,7 @@ from typing import Callable
 from tritonclient.grpc import service_pb2 as pb
 
 from .kserve.codec import encode_response
+from .kserve.stream_wire import encode_stream_response, id_field
 from .host_metrics import HostMetrics
 from .pb_utils.triton_errors import TritonError, TritonModelException
 from .pb_utils.response import TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceResponse
@@ -26,12 +27,14 @@ _LOG = logging.getLogger("kvserve.host")
 
 @dataclass(slots=True, frozen=True)
 class Delivery:
-    """One response as the transport sees it. `response` None and `error` None
-    means a flags-only FINAL (what `send(flags=FINAL)` produces)."""
+    """One response as the transport sees it. `response`, `wire` and `error` all None
+    means a flags-only FINAL (what `send(flags=FINAL)` produces). A stream's handle
+    gives `wire` instead of `response`: the whole ModelStreamInferResponse, serialised."""
 
     response: pb.ModelInferResponse | None
     error: tuple[int, str] | None
     final: bool
+    wire: bytes | None = None
 
 
 class RequestHandle:
@@ -44,6 +47,7 @@ class RequestHandle:
         requested_filter: frozenset[str] | None,
         emit: Callable[[Delivery], None],
         metrics: HostMetrics,
+        stream: bool = False,
     ) -> None:
         self.model_name = model_name
         self.model_version = model_version
@@ -51,6 +55,8 @@ class RequestHandle:
         self._requested = requested_filter
         self._emit = emit
         self._metrics = metrics
+        # ModelStreamInfer: responses leave this thread as the bytes gRPC writes (stream_wire.py).
+        self._id_wire = id_field(request_id) if stream else None
         self._cancelled = threading.Event()
         self._saw_error = False
         self._done = False
@@ -74,9 +80,16 @@ class RequestHandle:
             item = Delivery(None, (err.code(), err.message()), final)
         else:
             try:
-                proto = encode_response(response, model_name=self.model_name, model_version=self.model_version,
-                                        request_id=self.request_id, requested_outputs=self._requested)
-                item = Delivery(proto, None, final)
+                if self._id_wire is not None:
+                    wire = encode_stream_response(response, model_name=self.model_name,
+                                                  model_version=self.model_version, request_id=self.request_id,
+                                                  id_wire=self._id_wire, requested_outputs=self._requested,
+                                                  final=final)
+                    item = Delivery(None, None, final, wire)
+                else:
+                    proto = encode_response(response, model_name=self.model_name, model_version=self.model_version,
+                                            request_id=self.request_id, requested_outputs=self._requested)
+                    item = Delivery(proto, None, final)
             except (TypeError, ValueError) as exc:
                 # The client still gets a terminal answer; the model learns why its send failed.
                 self._saw_error = True

@@ -41,7 +41,7 @@ _END = object()
 class _Slot:
     """Where a non-decoupled response waits until the ones before it are written."""
 
-    response: pb.ModelStreamInferResponse | None = None
+    response: pb.ModelStreamInferResponse | bytes | None = None
     done: bool = False  # done without a response: skipped, so it cannot block the ones behind it
 
 
@@ -60,7 +60,7 @@ class StreamSession:
         self._context = context
         self._loop = asyncio.get_running_loop()
         self._handoff = handoff_for(self._loop)
-        self._out: asyncio.Queue[object] = asyncio.Queue()
+        self._out: asyncio.Queue[object] = asyncio.Queue()  # messages, or bytes (the serializer passes them)
         self._inflight: dict[RequestHandle, _Entry] = {}
         self._ordered: collections.deque[_Slot] = collections.deque()
         self._reading = True
@@ -112,7 +112,7 @@ class StreamSession:
             return
         handle = RequestHandle(model_name=runtime.name, model_version=runtime.version_str,
                                request_id=request.id, requested_filter=parsed.requested_filter,
-                               emit=lambda d: self._emit(handle, d), metrics=self._metrics)
+                               emit=lambda d: self._emit(handle, d), metrics=self._metrics, stream=True)
         self._inflight[handle] = _Entry(slot, parsed.enable_empty_final_response and runtime.decoupled)
         model_request = new_server_request(
             request_id=parsed.request_id, correlation_id=parsed.correlation_id, inputs=parsed.inputs,
@@ -144,7 +144,9 @@ class StreamSession:
         if handle not in self._inflight:
             return  # the stream already ended
         entry = self._inflight[handle]
-        response = self._to_stream_response(handle, delivery, entry.empty_final)
+        response = delivery.wire  # the usual case: serialised by the model's thread, FINAL parameter included
+        if response is None:
+            response = self._to_stream_response(handle, delivery, entry.empty_final)
         if delivery.final:
             del self._inflight[handle]
         if response is not None:
@@ -171,7 +173,7 @@ class StreamSession:
         infer.parameters[FINAL_PARAM].bool_param = d.final
         return pb.ModelStreamInferResponse(infer_response=infer)
 
-    def _write(self, response: pb.ModelStreamInferResponse, slot: _Slot | None) -> None:
+    def _write(self, response: pb.ModelStreamInferResponse | bytes, slot: _Slot | None) -> None:
         if slot is None:
             self._out.put_nowait(response)
             return

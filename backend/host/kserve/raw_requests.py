@@ -6,6 +6,9 @@ milliseconds there, during which ServerLive and every other stream wait. The
 generated registration (`add_GRPCInferenceServiceServicer_to_server`) is used
 as it is, through a stand-in server that swaps the deserializer of those two
 methods for none before handing the handlers to the real server.
+
+ModelStreamInfer's responses may likewise leave as bytes: stream_wire.py builds them
+on the model's thread, and the serializer here passes bytes through.
 """
 from __future__ import annotations
 
@@ -30,9 +33,14 @@ class _RawRegistration:
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
         for name in _RAW_METHODS:
             handlers[name] = handlers[name]._replace(request_deserializer=None)
+        handlers["ModelStreamInfer"] = handlers["ModelStreamInfer"]._replace(response_serializer=_bytes_or_message)
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         self._server.add_registered_method_handlers(service, handlers)
         self.registered = True
+
+
+def _bytes_or_message(response: bytes | pb.ModelStreamInferResponse) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def add_servicer(servicer: service_pb2_grpc.GRPCInferenceServiceServicer, server: grpc.aio.Server) -> None:
