@@ -154,6 +154,13 @@ _CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "i
                     "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 
 
+# One element of each fixed-size type, and a BYTES element's length prefix: the scalars of a
+# response are read without building a list.
+_FIRST = {dtype: struct.Struct("<" + code) for dtype, code in _STRUCT_CODES.items()}
+_LENGTH = struct.Struct("<I")
+_INT_TYPES = frozenset(("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"))
+
+
 class _ResponseTensors:
     """The named outputs of one response as flat lists, read with `struct` from
     `raw_output_contents` (what tritonserver and the embedded host send) or from
@@ -193,8 +200,12 @@ class _ResponseTensors:
             entries.append(TokenLogprob(ids[row], float(values[row]), top))
         return entries
 
+    def _named(self, name: str) -> tuple[str, bytes] | None:
+        """Every read of an output starts here (tests/contract checks which names are read)."""
+        return self._raw.get(name)
+
     def values(self, name: str) -> list[Any]:
-        found = self._raw.get(name)
+        found = self._named(name)
         if found is None:
             out = self._typed.get(name)
             if out is None:
@@ -210,6 +221,13 @@ class _ResponseTensors:
         return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
 
     def first_str(self, name: str) -> str:
+        found = self._named(name)
+        if found is not None and found[0] == "BYTES":  # the usual case: one element, read in place
+            data = found[1]
+            if len(data) < 4:
+                return ""
+            (length,) = _LENGTH.unpack_from(data)
+            return data[4:4 + length].decode("utf-8", errors="replace")
         values = self.values(name)
         if not values:
             return ""
@@ -217,10 +235,18 @@ class _ResponseTensors:
         return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
     def first_int(self, name: str) -> int:
+        found = self._named(name)
+        if found is not None:  # the usual case: unpack the first element only
+            one = _FIRST.get(found[0])
+            if one is not None and len(found[1]) >= one.size:
+                return int(one.unpack_from(found[1])[0])
         values = self.values(name)
         return int(values[0]) if values else 0
 
     def ints(self, name: str) -> list[int]:
+        found = self._named(name)
+        if found is not None and found[0] in _INT_TYPES:  # struct gives ints already
+            return self.values(name)
         return [int(v) for v in self.values(name)]
 
 

@@ -83,13 +83,13 @@ def test_the_gateway_writes_declared_inputs_with_their_types(prompt) -> None:
 
 def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
     asked: list[str] = []
-    original = gateway_codec._ResponseTensors.values
+    original = gateway_codec._ResponseTensors._named  # every read of an output goes through it
 
-    def values(self, name):
+    def named(self, name):
         asked.append(name)
         return original(self, name)
 
-    monkeypatch.setattr(gateway_codec._ResponseTensors, "values", values)
+    monkeypatch.setattr(gateway_codec._ResponseTensors, "_named", named)
     resp = service_pb2.ModelInferResponse(model_name="llm", id="r")
     for name, wire in _declared("output").items():
         out = resp.outputs.add(name=name, datatype={v: k for k, v in _WIRE_TO_TRITON.items()}[wire])

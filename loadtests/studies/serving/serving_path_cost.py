@@ -5,16 +5,18 @@
 
 One `kvserve serve` (gateway process + embedded host child), one batch-1 stream at a time: each
 request asks for `--tokens` tokens with `ignore_eos`, every token streamed (stream_interval 1).
-After a warm-up stream, each thread's user + system CPU (/proc/<pid>/task/<tid>/stat) is read
-before and after the measured streams and summed by OS thread name (kvserve names its threads;
-torch's OpenMP workers inherit "kvserve-engine", so that row is the model's compute plus the engine
-thread's own per-step work). Printed: CPU ms per streamed token for each process and thread group,
-and the serving path's total, i.e. everything but the engine row. CPU time does not depend on how
-loaded the machine is the way wall-clock time does, which is why this reports it.
+After a warm-up stream, each thread's user + system CPU (/proc/<pid>/task/<tid>/stat) and its
+voluntary / involuntary context switches are read before and after the measured streams and summed
+by OS thread name. kvserve names its threads; torch's OpenMP workers inherit "kvserve-engine", so
+that row is the model's compute plus the engine thread's own per-step work; "main" is a process's
+first thread (its event loop); an unnamed "python" thread is grpc.aio's completion-queue poller.
+Printed: CPU ms per streamed token for each process and thread group, and the serving path's
+total (everything but the engine row). CPU time depends far less on the machine's load than
+wall-clock time does (a loaded machine still inflates it somewhat: compare runs side by side).
 
-The default model is the random tiny model (`kvserve make-tiny-model`'s), whose forward is cheap: the serving path is
-then most of the work and its figures settle in a few streams. The SSE chunks are counted too, so
-a run that merged tokens into fewer chunks is visible (it must not: chunks == tokens).
+The default model is the random tiny model (`kvserve make-tiny-model`'s), whose forward is cheap,
+so a run takes seconds. Content chunks are counted: with SmolLM2 they match the tokens; the tiny
+model's random ids often end inside a UTF-8 character, whose text waits for the next token.
 """
 from __future__ import annotations
 
@@ -91,7 +93,10 @@ def measure(opts: argparse.Namespace) -> dict[str, object]:
         wall = time.monotonic() - start
         after = {label: snapshot(pid) for label, pid in processes.items()}
     rows = []
-    for label in processes:
+    for label, pid in processes.items():
+        for snap in (before[label], after[label]):  # the main thread apart from grpc's unnamed poller
+            if pid in snap:
+                snap[pid] = ("main", snap[pid][1])
         for name, s in sorted(by_thread_name(before[label], after[label]).items(), key=lambda kv: -kv[1].cpu_s):
             rows.append({"process": label, "thread": name, "cpu_s": s.cpu_s, "voluntary": s.voluntary,
                          "involuntary": s.involuntary})

@@ -1,1 +1,0 @@
-"""Studies of the serving path itself (gateway, gRPC, the host's threads), apart from the engine."""
