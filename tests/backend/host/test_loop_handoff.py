@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from kvserve.backend.host.kserve import loop_handoff
 from kvserve.backend.host.kserve.loop_handoff import handoff_for
 
 
@@ -43,18 +42,6 @@ def test_callbacks_from_threads_all_run_on_the_loop_in_order() -> None:
     asyncio.run(main())
     for sender in range(4):
         assert [i for s, i in seen if s == sender] == list(range(2000))
-
-
-def test_the_wake_up_keeps_the_gil_where_it_can() -> None:
-    # Linux has os.eventfd: the hand-off then does not go through call_soon_threadsafe.
-    if not hasattr(loop_handoff.os, "eventfd"):
-        pytest.skip("no eventfd here")
-    assert loop_handoff._LIBC is not None
-
-    async def main() -> None:
-        assert handoff_for(asyncio.get_running_loop())._efd is not None
-
-    asyncio.run(main())
 
 
 def test_submit_after_the_loop_closed_raises() -> None:
