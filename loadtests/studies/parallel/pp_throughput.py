@@ -1,8 +1,9 @@
 """Pipeline parallelism against one process, side by side in one script: offline greedy throughput
-of the same batch through four engines, interleaved round by round (A, A', B, C, A, A', B, C, ...):
+of the same batch through four engines (five with --per-op), interleaved round by round (A, A1, B, C, A, ...):
 
-    A   PP=1, the default path (the native decode step on)
-    A'  PP=1, the per-operation path (KVSERVE_CPU_DECODE_STEP=0: what a pipeline stage runs)
+    A   PP=1, every core, the default path (the native decode step on)
+    A1  PP=1, one thread (what one rank of PP=2 gets)
+    A'  PP=1, every core, the per-operation path (KVSERVE_CPU_DECODE_STEP=0: what a stage runs); --per-op
     B   PP=2, two micro-batches per step (the default: one per stage)
     C   PP=2, one micro-batch per step (no overlap between the stages)
 
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--per-op", action="store_true", help="add A'")
     args = parser.parse_args()
     if args.model is None:
         from kvserve.backend.models import DEFAULT_CHAT_MODEL, ensure_known_model
@@ -59,7 +61,11 @@ def main() -> None:
     common = dict(max_model_len=512, num_kv_blocks=400, max_num_seqs=args.prompts, num_threads=cores)
     engines = {
         "A  PP=1": (_engine(args.model, 1, {}, common), cores),
-        "A' PP=1 per-op": (_engine(args.model, 1, {"KVSERVE_CPU_DECODE_STEP": "0"}, common), cores),
+        "A1 PP=1, 1 thread": (_engine(args.model, 1, {}, {**common, "num_threads": 1}), 1),
+    }
+    if args.per_op:
+        engines["A' PP=1 per-op"] = (_engine(args.model, 1, {"KVSERVE_CPU_DECODE_STEP": "0"}, common), cores)
+    engines |= {
         "B  PP=2, 2 micro-batches": (_engine(args.model, 2, {"KVSERVE_PP_MICRO_BATCHES": "2"}, common), cores // 2),
         "C  PP=2, 1 micro-batch": (_engine(args.model, 2, {"KVSERVE_PP_MICRO_BATCHES": "1"}, common), cores // 2),
     }

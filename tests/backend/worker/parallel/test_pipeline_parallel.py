@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.backend import LLM
+from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.engine import ScheduledRequest, SchedulerOutput
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
 from kvserve.backend.worker.parallel.pipeline import split
@@ -115,3 +115,16 @@ def _out(lengths: list[int]) -> SchedulerOutput:
 def test_split_is_contiguous_balanced_and_never_empty(lengths, count, expected):
     parts = split(_out(lengths), count)
     assert [[s.request_id for s in p.scheduled] for p in parts] == expected
+
+
+def test_speculative_rows_come_back_in_order(llama12_dir, single, per_op):
+    """n-gram proposals: a request samples 1 + k rows; the micro-batches' rows return in request order."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    llm = LLM(model=llama12_dir, pipeline_parallel_size=2, speculative_config=spec, **ARGS)
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+        counters = llm.engine.speculator.counters
+    finally:
+        llm.engine.runner.close()
+    assert [list(o.outputs[0].token_ids) for o in outs] == single.tokens
+    assert counters.num_draft_tokens > 0  # proposals were verified through the stages
