@@ -304,7 +304,7 @@ class AsyncEngine:
         return False
 
     def _stop_after_lost_worker(self, exc: WorkerLost, started: float) -> None:
-        """Tensor parallelism lost a rank (it died, or hung past the bound): every in-flight request
+        """Tensor or pipeline parallelism lost a rank (it died, or hung past the bound): every in-flight request
         ends with an error, the other ranks are killed, the engine reports not ready for good and
         `on_fatal` (the Triton model's: the process exits non-zero) lets a supervisor restart it."""
         self._closed = True
@@ -312,8 +312,8 @@ class AsyncEngine:
         self.last_error = f"{type(exc).__name__}: {exc}"
         log.critical("engine stopped: %s", exc)
         outs = [o for rid in list(self.engine.groups)
-                if (o := self.engine.fail(rid, "internal error: a tensor-parallel worker was lost; the engine "
-                                          "stopped")) is not None]
+                if (o := self.engine.fail(rid, "internal error: a parallel worker (tensor or pipeline) was lost; "
+                                          "the engine stopped")) is not None]
         self.engine.runner.close(graceful=False)  # before the errors leave: no rank outlives them
         if self.on_fatal is not None:
             self.on_fatal(exc)

@@ -82,7 +82,9 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     # Tensor parallelism (backend/worker/parallel/, vLLM's names): ranks that split each layer's
     # heads and MLP and the vocabulary (Megatron-LM's scheme); 1 is the single-process engine.
-    # pipeline_parallel_size > 1 is refused: not built yet. distributed_executor_backend: "mp"
+    # Pipeline parallelism: stages of contiguous layers, each of tensor_parallel_size ranks (the
+    # world is their product; whether they divide the model is checked at start, against its
+    # config). distributed_executor_backend: "mp"
     # (local worker processes; None picks it) or "ray" (refused: not built yet).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -129,9 +131,6 @@ class EngineConfig:
                 raise ValueError(f"max_cpu_loras: must be >= max_loras ({self.max_loras}), got {self.max_cpu_loras}")
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         _positive("pipeline_parallel_size", self.pipeline_parallel_size)
-        if self.pipeline_parallel_size > 1:
-            raise ValueError(f"pipeline_parallel_size: {self.pipeline_parallel_size} is not supported yet "
-                             f"(pipeline parallelism is not built; only 1 is accepted)")
         _check_executor_backend(self.distributed_executor_backend)
         # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
         if parse_speculative_config(self.speculative_config) is None:

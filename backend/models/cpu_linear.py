@@ -111,6 +111,9 @@ def pack_linears(model: nn.Module, block_codes: dict[str, gguf_codes.BlockCodes]
             for name in _LINEARS:
                 linear = getattr(layer, name)
                 setattr(layer, name, PackedLinear(linear.weight, linear.bias, codes.pop(f"layers.{i}.{name}.weight", None)))
+        if not getattr(model, "is_last_stage", True):  # a pipeline stage that computes no logits
+            codes.clear()
+            return model
         tied = model.lm_head is None
         weight = model.embed_tokens.weight if tied else model.lm_head
         model.logits_proj = PackedLinear(weight, None, codes.pop("embed_tokens.weight" if tied else "lm_head", None),

@@ -9,6 +9,11 @@ its MLP columns and its vocabulary rows (worker/parallel/weight_shard.py cuts th
 down_proj's partial sums are all-reduced, the embedding rows outside this rank's vocabulary are
 zero before their all-reduce, and the logits are gathered along the vocabulary. Without them the
 arithmetic is the single-process one, untouched.
+
+Under pipeline parallelism (`stage` given: a worker/parallel/stage_plan.StagePlan) the model holds
+layers [stage.start, stage.end) only, the embedding on the first stage (and on the last when the
+logits reuse it), the final norm and the logits on the last; `forward_stage` runs that part: ids
+or the previous stage's (hidden, residual) in, (hidden, residual) or logits out.
 """
 from __future__ import annotations
 
@@ -73,15 +78,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ArchConfig, max_position: int, shard=None, group=None) -> None:
+    def __init__(self, cfg: ArchConfig, max_position: int, shard=None, group=None, stage=None) -> None:
         super().__init__()
         self.cfg = cfg
         self.shard, self.group = shard, group
+        # The layers held here (all of them without a pipeline stage); layer i is self.layers[i - first_layer].
+        self.first_layer, end = (0, cfg.num_hidden_layers) if stage is None else (stage.start, stage.end)
+        self.is_first_stage = stage is None or stage.first
+        self.is_last_stage = stage is None or stage.last
         vocab_rows = cfg.vocab_size if shard is None else shard.vocab_rows
-        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard, group) for i in range(cfg.num_hidden_layers))
-        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
-        self.lm_head = (None if cfg.tie_word_embeddings
+        needs_embedding = self.is_first_stage or (self.is_last_stage and cfg.tie_word_embeddings)
+        self.embed_tokens = nn.Embedding(vocab_rows, cfg.hidden_size) if needs_embedding else None
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard, group) for i in range(self.first_layer, end))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size)) if self.is_last_stage else None
+        self.lm_head = (None if cfg.tie_word_embeddings or not self.is_last_stage
                         else nn.Parameter(torch.empty(vocab_rows, cfg.hidden_size)))
         # A replacement for the logits matmul over `lm_head` (or the tied embedding), set by
         # models/quantize.py; parameters and loaders are unchanged by it.
@@ -101,14 +111,25 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, ops, input_ids, positions, kv_caches, meta, logits_indices) -> torch.Tensor:
-        x = self.embed_tokens(input_ids) if self.group is None else self._embed_vocab_parallel(input_ids)
-        residual = None
+        return self.forward_stage(ops, input_ids, None, positions, kv_caches, meta, logits_indices)
+
+    @torch.inference_mode()
+    def forward_stage(self, ops, inputs, residual, positions, kv_caches, meta, logits_indices):
+        """This stage's part of the forward: `inputs` are token ids on the first stage, else the
+        previous stage's hidden states (with its `residual`). Returns the logits on the last stage,
+        else (hidden, residual) for the next. Without a stage: the whole model, ids to logits."""
+        if self.is_first_stage:
+            x = self.embed_tokens(inputs) if self.group is None else self._embed_vocab_parallel(inputs)
+        else:
+            x = inputs
         metas = meta if isinstance(meta, list) else [meta] * len(self.layers)  # one per layer: KV groups
         stack = None if self.native_decode is None else self.native_decode.run(x, positions, metas)
         if stack is not None:
             x, residual = stack
         for layer, kv_cache, meta in zip(self.layers if stack is None else (), kv_caches, metas):
             x, residual = layer(ops, x, residual, positions, self.cos_sin_cache, kv_cache, meta, self.scale)
+        if not self.is_last_stage:
+            return x, residual
         # Only the rows that sample need the final norm and the (large) vocabulary projection.
         x, residual = x[logits_indices], residual[logits_indices]
         h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)

@@ -58,16 +58,19 @@ def _shard_slices(model: LlamaForCausalLM, fused: str) -> list[tuple[int, int]]:
 def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice | None] | None:
     """The parameter (and row slice for fused ones) a checkpoint tensor goes into."""
     name = name.removeprefix("model.")
-    if name == "embed_tokens.weight":
-        return model.embed_tokens.weight, None
+    if name == "embed_tokens.weight":  # a pipeline stage holds it, the norm and lm_head only where it runs them
+        return None if model.embed_tokens is None else (model.embed_tokens.weight, None)
     if name == "norm.weight":
-        return model.norm, None
+        return None if model.norm is None else (model.norm, None)
     if name == "lm_head.weight":
         return (None if model.lm_head is None else (model.lm_head, None))
     if not name.startswith("layers."):
         return None
     _, idx, rest = name.split(".", 2)
-    layer = model.layers[int(idx)]
+    local = int(idx) - getattr(model, "first_layer", 0)
+    if not 0 <= local < len(model.layers):  # another pipeline stage's layer
+        return None
+    layer = model.layers[local]
     for prefix, (fused, shard) in _FUSED.items():
         if rest.startswith(prefix + "."):
             start, end = _shard_slices(model, fused)[shard]
@@ -113,11 +116,13 @@ def load_arch_config(model: str | Path) -> ArchConfig:
 
 def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device, max_position: int,
                block_codes: dict[str, BlockCodes] | None = None, shard=None,
-               group=None) -> tuple[LlamaForCausalLM, ArchConfig]:
+               group=None, stage=None) -> tuple[LlamaForCausalLM, ArchConfig]:
     """The model and its config. `block_codes`, when given, is filled with the GGUF blocks' codes of
     the weights that have them (gguf_codes.py), by parameter name, for cpu_linear.pack_linears.
     `shard` and `group` (worker/parallel/): this tensor-parallel rank's part only, cut as read
-    (`shard.cut`), and the collectives its model calls."""
+    (`shard.cut`), and the collectives its model calls. `stage` (worker/parallel/stage_plan.py): this
+    pipeline stage's layers only (and the embedding, norm and logits where it runs them); the
+    checkpoint's other tensors are read one at a time and dropped."""
     gguf = gguf_checkpoint.gguf_file(model_path)
     if gguf is None:
         cfg = ArchConfig.from_model_dir(model_path)
@@ -128,10 +133,10 @@ def load_model(model_path: str | Path, dtype: torch.dtype, device: torch.device,
         cfg = ArchConfig.from_dict(config)
         tensors = _gguf_tensors(reader, config, with_codes=block_codes is not None)
     with torch.device("meta"):
-        if shard is None:
+        if shard is None and stage is None:
             model = (Gemma3ForCausalLM if cfg.is_gemma3 else LlamaForCausalLM)(cfg, max_position)
-        else:  # worker/parallel/plan.py refused Gemma 3 already
-            model = LlamaForCausalLM(cfg, max_position, shard, group)
+        else:  # worker/parallel/plan.py and stage_plan.py refused Gemma 3 already
+            model = LlamaForCausalLM(cfg, max_position, shard, group, stage)
     model = model.to_empty(device=device)
     loaded: set[tuple[int, int | None]] = set()
     names = {id(p): n for n, p in model.named_parameters()}

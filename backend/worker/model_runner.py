@@ -79,34 +79,34 @@ class _CudaSnapshot:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, group=None) -> None:
-        """`group`: a tensor-parallel worker's (worker/parallel/worker.py). Rank 0 (the engine's
-        runner, no group given) starts the workers itself when tensor_parallel_size > 1."""
+        """`group`: a parallel worker's (worker/parallel/worker.py). Rank 0 (the engine's runner, no
+        group given) starts the workers itself when tensor_parallel_size x pipeline_parallel_size > 1."""
         self.config = config
-        tp = config.tensor_parallel_size
+        world = config.tensor_parallel_size * config.pipeline_parallel_size
         threads = engine_threads(config.num_threads, config.cpu_reserved_cores, torch_default_threads())
         if threads is not None and config.num_threads and config.cpu_reserved_cores:
             log.warning("num_threads=%d given: cpu_reserved_cores=%d is ignored", threads, config.cpu_reserved_cores)
         # Always set, on the thread that steps the engine: a thread begins with the count last set
         # anywhere in the process (an embedding worker's, say), not with torch's default.
         threads = threads or torch_default_threads()
-        if tp > 1 and group is None:
-            threads = max(1, threads // tp)  # every rank its share of the cores (workers get it too)
+        if world > 1 and group is None:
+            threads = max(1, threads // world)  # every rank its share of the cores (workers get it too)
         torch.set_num_threads(threads)
-        log.info("engine uses %d CPU thread(s)%s", threads, f" per rank, {tp} ranks" if tp > 1 else "")
+        log.info("engine uses %d CPU thread(s)%s", threads, f" per rank, {world} ranks" if world > 1 else "")
         self.device = resolve_device(config.device)
         # Taken before anything is loaded: the memory profile measures weights and activations against it.
         cuda_start = _CudaSnapshot.take(self.device) if self.device.type == "cuda" else None
         arch = load_arch_config(config.model)
-        self.executor = None  # rank 0 of a tensor-parallel world: the workers' handle
-        self.shard = None
-        if tp > 1:
-            from kvserve.backend.worker.parallel.executor import TensorParallelExecutor
-            from kvserve.backend.worker.parallel.plan import check_parallel_plan, tensor_shard
-            check_parallel_plan(arch, tp, config.quantization, config.enable_lora)
-            if group is None:
-                self.executor = TensorParallelExecutor(config, tp, threads, self.device)
-                group = self.executor.group
-            self.shard = tensor_shard(arch, group.rank, tp)
+        self.executor = None  # rank 0 of a parallel world: the workers' handle
+        self.shard = None  # this rank's tensor-parallel part of each layer
+        self.stage = None  # this rank's pipeline stage: its layers
+        model_group = None  # the group of the model's own collectives (tensor parallelism's)
+        micro_batches = 1
+        if world > 1:
+            from kvserve.backend.worker.parallel.layout import join_world
+            layout = join_world(config, arch, threads, self.device, group)
+            self.executor, group, self.shard, self.stage = layout.executor, layout.group, layout.shard, layout.stage
+            model_group, micro_batches = layout.model_group, layout.micro_batches
         self.group = group
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         self.max_model_len = config.max_model_len or arch.max_position_embeddings
@@ -116,7 +116,7 @@ class ModelRunner:
         packs = wants_cpu_linear(self.device, self.dtype, config.quantization)
         block_codes = {} if packs else None  # a GGUF file's codes, for the CPU's grid kernels
         self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len, block_codes,
-                                           self.shard, self.group)
+                                           self.shard, model_group, self.stage)
         quantize_model(self.model, config.quantization, self.device)
         if packs:
             pack_linears(self.model, block_codes)
@@ -128,18 +128,28 @@ class ModelRunner:
         # Layers by attention type (kv_cache/kv_groups.py): layer j of every group uses KV tensor j.
         self.kv_groups = plan_groups([arch.layer_window(i) for i in range(arch.num_hidden_layers)])
         self.layer_slots = layer_slots(self.kv_groups, arch.num_hidden_layers)
+        # A pipeline stage holds the KV tensors of its own layers only.
+        first, end = (0, arch.num_hidden_layers) if self.stage is None else (self.stage.start, self.stage.end)
+        self.stage_slots = self.layer_slots[first:end]
+        self.kv_tensor_ids = sorted({j for _, j in self.stage_slots})
         self.num_blocks = self._plan_kv_blocks(cuda_start)
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, arch.head_dim)
-        tensors = [(allocate_kv_tensor(shape, self.kv_dtype, self.device),
-                    allocate_kv_tensor(shape, self.kv_dtype, self.device))
-                   for _ in self.kv_groups[0].layers]
-        self.kv_caches = [tensors[j] for _, j in self.layer_slots]
-        self.model.native_decode = NativeDecodeStep.for_model(self.model, self.ops, self.kv_caches)
+        tensors = {j: (allocate_kv_tensor(shape, self.kv_dtype, self.device),
+                       allocate_kv_tensor(shape, self.kv_dtype, self.device))
+                   for j in self.kv_tensor_ids}
+        self.kv_caches = [tensors[j] for _, j in self.stage_slots]
+        # Not on a pipeline stage: the native step starts the stack with no residual, a later stage has one.
+        self.model.native_decode = (None if self.stage is not None
+                                    else NativeDecodeStep.for_model(self.model, self.ops, self.kv_caches))
         self.num_steps = 0
         # request id -> per group, its KV block ids in order (stale ids where a sliding group let a
         # block go: only positions outside the window map there, and the window masks them).
         self.block_tables: dict[str, list[list[int]]] = {}
         self.graphs = self._capture_graphs()
+        self.pipeline = None
+        if self.stage is not None:
+            from kvserve.backend.worker.parallel.pipeline import PipelineStep
+            self.pipeline = PipelineStep(self, group, micro_batches)
 
     def _wrap_lora(self):
         """With enable_lora, the adapter slots and the model's projections wrapped over them (backend/lora/)."""
@@ -182,9 +192,10 @@ class ModelRunner:
 
     @property
     def block_bytes(self) -> int:
-        """Bytes behind one block id: a block of every layer of one group."""
+        """Bytes behind one block id on this rank: a block of every layer of one group (of this
+        pipeline stage's layers only)."""
         per_layer = self.kv_bytes_per_token // self.arch.num_hidden_layers
-        return per_layer * len(self.kv_groups[0].layers) * self.block_size
+        return per_layer * len(self.kv_tensor_ids) * self.block_size
 
     def _plan_kv_blocks(self, cuda_start: "_CudaSnapshot | None") -> int:
         cfg = self.config
@@ -289,11 +300,25 @@ class ModelRunner:
         null_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         caches = [(null_cache, null_cache)] * arch.num_hidden_layers
         input_ids = torch.randint(0, arch.vocab_size, (num_tokens,), device=dev)
+        if self.stage is not None:  # this stage alone, on made-up activations where it takes them
+            return self._profile_stage(input_ids, positions, caches, meta, query_start_loc[1:].long() - 1)
         logits = self.model(self.ops, input_ids, positions, caches, meta, query_start_loc[1:].long() - 1)
         # The sampler's worst case (top-p) sorts and softmaxes every row: its copies count too.
         torch.sort(logits, dim=-1, descending=True)
         torch.softmax(logits, dim=-1)
         return logits
+
+    def _profile_stage(self, input_ids, positions, caches, meta, logits_indices) -> torch.Tensor:
+        inputs, residual = input_ids, None
+        if not self.stage.first:
+            inputs = torch.randn(input_ids.shape[0], self.arch.hidden_size, dtype=self.dtype, device=self.device)
+            residual = torch.zeros_like(inputs)
+        result = self.model.forward_stage(self.ops, inputs, residual, positions, caches, meta, logits_indices)
+        if not self.stage.last:
+            return result[0]
+        torch.sort(result, dim=-1, descending=True)
+        torch.softmax(result, dim=-1)
+        return result
 
     def update_block_tables(self, out: SchedulerOutput) -> None:
         """Forget finished and preempted requests' tables, then append the new blocks
@@ -353,12 +378,13 @@ class ModelRunner:
                 seq_lens=seq_lens_t, query_start_loc=query_start_loc.to(torch.int32), max_seq_len=max(seq_lens),
                 max_query_len=max(q_lens), decode_only=max(q_lens) == 1))
         # One model of one group gets the metadata itself, as the CUDA graphs expect.
-        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.layer_slots]
+        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
         return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
 
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[str]]:
         """Run one forward pass; returns (logits [S, vocab], ids of the S requests that sample).
-        Rank 0 of a tensor-parallel world first hands `out` to the workers, which run the same."""
+        Rank 0 of a parallel world first hands `out` to the workers, which run the same (a pipeline
+        stage: its layers; a worker's result is None)."""
         if self.executor is not None:
             self.executor.send("step", out)
         self._update_block_tables(out)  # first: whatever fails below, the tables follow the scheduler
@@ -367,6 +393,8 @@ class ModelRunner:
         fault_step = self.config.debug.fault_injection_step
         if fault_step is not None and self.num_steps == fault_step:
             raise InjectedFault(f"injected fault at step {self.num_steps}")
+        if self.pipeline is not None:  # this stage's part, micro-batch by micro-batch; logits on rank 0 only
+            return self.pipeline.execute(out)
         input_ids, positions, meta, logits_indices, sample_ids = self._prepare(out)
         if self.lora is not None:  # each request's rows run with its adapter (0: none)
             self.lora.prepare([s.lora_int_id for s in out.scheduled], [len(s.token_ids) for s in out.scheduled],

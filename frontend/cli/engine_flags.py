@@ -134,7 +134,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     # Tensor parallelism (issue 31, docs/parallelism.md): vLLM's names.
     EngineFlag("--tensor-parallel-size", "ranks that split every layer (Megatron-LM's scheme); must divide the "
                "model's attention heads; 1: one process", positive_int),
-    EngineFlag("--pipeline-parallel-size", "pipeline stages (only 1 yet: larger sizes are refused)", positive_int),
+    EngineFlag("--pipeline-parallel-size", "pipeline stages of contiguous layers; must divide the model's layers; "
+               "the ranks are TP x PP", positive_int),
     EngineFlag("--distributed-executor-backend", "how the ranks run: mp, local worker processes (the default); "
                "ray is refused (not built yet)", choices=("mp", "ray")),
     EngineFlag("--seed", "engine seed for requests without their own", int),

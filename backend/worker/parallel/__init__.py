@@ -1,5 +1,6 @@
-"""Tensor parallelism over torch.distributed: the plan that checks a size against a model, the
-process groups, the rank-0 executor that drives the worker processes, and the worker loop.
+"""Tensor and pipeline parallelism over torch.distributed: the plans that check the sizes against a
+model (plan.py, stage_plan.py), the process groups, the rank-0 executor that drives the worker
+processes, the worker loop, and a pipeline step's micro-batches through the stages (pipeline.py).
 
 Rank 0 is the engine's own process: it keeps the one scheduler and KV manager and runs its shard
 of the forward like every other rank. Workers (ranks 1..N-1) receive each step's SchedulerOutput

@@ -1,6 +1,7 @@
-"""The process groups of one tensor-parallel world: collectives through torch.distributed.
+"""The process groups of one parallel world: collectives through torch.distributed.
 
-Two gloo (or NCCL) groups over one TCPStore rendezvous on `master_addr:master_port`:
+One group per axis (gloo, or NCCL for the tensors on CUDA) over one TCPStore rendezvous on
+`master_addr:master_port`. Rank r is stage r // tp, tensor-parallel rank r % tp:
 
     control   rank 0 -> workers: each step's SchedulerOutput, as JSON (wire.py) in a uint8 tensor and
               broadcast. No bound: an idle engine sends nothing for hours, and a worker must
@@ -8,6 +9,11 @@ Two gloo (or NCCL) groups over one TCPStore rendezvous on `master_addr:master_po
     tensor    the forward's all-reduces and the logits' all-gather, bounded by `timeout_s`: a
               worker that died or stopped makes rank 0's next collective fail within the bound,
               and rank 0 fails the engine (WorkerLost) instead of hanging a request forever.
+              One per pipeline stage, over that stage's tp ranks (none when tp == 1).
+    pipeline  the activations stage to stage, point to point (pipeline.py): one group per
+              tensor-parallel index, over the pp ranks that share it (none when pp == 1), bounded
+              like the tensor group.
+    logits    the last stage's logits back to rank 0: gloo, those two ranks only.
 
 The groups are made directly (ProcessGroupGloo(store, ...)), not through init_process_group,
 so that no process-wide default group exists: several engines may live in one process (tests),
@@ -42,11 +48,30 @@ class RankGroup:
     """This process's place in the world and its collectives. `size == 1` is never built: the
     single-process path has no group at all."""
 
-    def __init__(self, store, rank: int, size: int, timeout_s: float, device: torch.device) -> None:
+    def __init__(self, store, rank: int, size: int, timeout_s: float, device: torch.device,
+                 pipeline_size: int = 1) -> None:
         self.store, self.rank, self.size, self.device = store, rank, size, device
-        self.tensor = _make_group(store, "tensor", rank, size, datetime.timedelta(seconds=timeout_s), device)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        # The world is pipeline_size stages of tp_size ranks; `size` is all of them.
+        self.pp_size, self.tp_size = pipeline_size, size // pipeline_size
+        self.stage, self.tp_rank = divmod(rank, self.tp_size)
+        # Every rank makes its groups in this order (each constructor waits for its members): no cycle.
+        self.tensor = None
+        if self.tp_size > 1:  # the first stage's keeps the TP-only prefix: same store keys as before PP
+            prefix = "tensor" if self.stage == 0 else f"tensor/{self.stage}"
+            self.tensor = _make_group(store, prefix, self.tp_rank, self.tp_size, self.timeout, device)
         # Objects travel on the CPU whatever the device: gloo for the control group always.
         self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, _FOREVER)
+        self.pipeline = None
+        if self.pp_size > 1:  # group rank = stage
+            self.pipeline = _make_group(store, f"pipeline/{self.tp_rank}", self.stage, self.pp_size, self.timeout,
+                                        device)
+        # The last stage's logits to rank 0 (group ranks 0 and 1), apart from the activations so that
+        # a return never waits behind the next micro-batch's send; gloo (CPU) on every device.
+        self.logits = None
+        if self.pp_size > 1 and self.tp_rank == 0 and self.stage in (0, self.pp_size - 1):
+            self.logits = dist.ProcessGroupGloo(dist.PrefixStore("logits", store), int(self.stage > 0), 2,
+                                                self.timeout)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (the row-parallel projections' partial sums)."""
@@ -59,7 +84,7 @@ class RankGroup:
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's `x` side by side along the last dimension (the vocabulary shards)."""
         x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.size)]
+        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
         try:
             self.tensor.allgather([parts], [x]).wait()
         except RuntimeError as exc:

@@ -40,7 +40,8 @@ class TensorParallelExecutor:
     """Holds the world's group for rank 0 and the local worker processes."""
 
     def __init__(self, config, world_size: int, threads_per_rank: int, device: torch.device) -> None:
-        self.world_size = world_size
+        self.world_size = world_size  # tensor_parallel_size x pipeline_parallel_size
+        self.pipeline_size = config.pipeline_parallel_size
         self.step_timeout_s = float(os.environ.get("KVSERVE_TP_STEP_TIMEOUT_S", DEFAULT_STEP_TIMEOUT_S))
         self.store = open_store("127.0.0.1", 0, world_size, True, START_TIMEOUT_S)
         worker_config = dataclasses.replace(config, num_threads=threads_per_rank, cpu_reserved_cores=0)
@@ -76,7 +77,7 @@ class TensorParallelExecutor:
                 raise WorkerLost(f"tensor parallel: the workers did not arrive within {START_TIMEOUT_S:.0f} s")
             time.sleep(0.05)
         try:
-            return RankGroup(self.store, 0, self.world_size, self.step_timeout_s, device)
+            return RankGroup(self.store, 0, self.world_size, self.step_timeout_s, device, self.pipeline_size)
         except RuntimeError as exc:
             self.check_alive()
             raise WorkerLost(f"tensor parallel: the rendezvous failed: {exc}") from exc

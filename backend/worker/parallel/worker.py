@@ -37,7 +37,7 @@ def serve(master_addr: str, master_port: int, rank: int, world_size: int) -> int
     config = decode_config(store.get("engine_config"))
     timeout_s = float(store.get("step_timeout_s").decode())
     store.set(f"arrived/{rank}", "1")  # rank 0 builds the groups once every rank has
-    group = RankGroup(store, rank, world_size, timeout_s, _device(config.device))
+    group = RankGroup(store, rank, world_size, timeout_s, _device(config.device), config.pipeline_parallel_size)
     runner = ModelRunner(config, group=group)
     while True:
         message = group.receive_object()

@@ -62,8 +62,8 @@ def test_refused_combinations_name_themselves(llama_dir):
         LLM(model=llama_dir, tensor_parallel_size=2, quantization="int8", **ARGS)
     with pytest.raises(ValueError, match="^tensor_parallel_size: 2 with enable_lora"):
         LLM(model=llama_dir, tensor_parallel_size=2, enable_lora=True, **ARGS)
-    with pytest.raises(ValueError, match="^pipeline_parallel_size: 2 is not supported yet"):
-        EngineConfig(model=llama_dir, pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="^pipeline_parallel_size: must be a positive integer"):
+        EngineConfig(model=llama_dir, pipeline_parallel_size=0)
     with pytest.raises(ValueError, match="^distributed_executor_backend: 'ray'"):
         EngineConfig(model=llama_dir, distributed_executor_backend="ray")
     with pytest.raises(ValueError, match="^distributed_executor_backend: must be 'mp' or 'ray'"):

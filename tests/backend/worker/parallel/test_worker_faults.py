@@ -51,7 +51,7 @@ def _stream(eng: AsyncEngine):
 
 def _assert_stopped_cleanly(eng: AsyncEngine, outs, done, within_s: float) -> None:
     assert done.wait(within_s), "the in-flight request never ended"
-    assert outs[-1].error and "tensor-parallel worker was lost" in outs[-1].error
+    assert outs[-1].error and "parallel worker (tensor or pipeline) was lost" in outs[-1].error
     assert not outs[-1].outputs or outs[-1].outputs[0].finish_reason != "length"
     assert len(eng.fatal) == 1 and isinstance(eng.fatal[0], WorkerLost)
     assert not eng.healthy()
