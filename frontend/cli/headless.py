@@ -36,32 +36,33 @@ def check_node_flags(args: argparse.Namespace) -> str | None:
     return None
 
 
-def headless_command(args: argparse.Namespace, model_path) -> list[str]:
-    command = [sys.executable, "-m", "kvserve.backend.worker.parallel.launch",
-               "--nnodes", str(args.nnodes or 1), "--node-rank", str(args.node_rank or 0),
-               "--world-size", str((args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1))]
+def headless_command(args: argparse.Namespace) -> list[str]:
+    """The node launcher's command line, without --model; ValueError naming the flag that is missing."""
     if args.master_addr is None:
         raise ValueError("--master-addr: a headless node needs the head's address")
-    command += ["--master-addr", args.master_addr]
+    if args.triton_url:
+        raise ValueError("--headless: a headless node runs ranks on this machine; --triton-url has none")
+    command = [sys.executable, "-m", "kvserve.backend.worker.parallel.launch",
+               "--nnodes", str(args.nnodes or 1), "--node-rank", str(args.node_rank or 0),
+               "--world-size", str((args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)),
+               "--master-addr", args.master_addr]
     if args.master_port is not None:
         command += ["--master-port", str(args.master_port)]
     if args.cpu_reserved_cores:
         command += ["--cpu-reserved-cores", str(args.cpu_reserved_cores)]
-    return command + ["--model", str(model_path.resolve())]
+    return command
 
 
 def run_headless(args: argparse.Namespace) -> int:
-    """Exec the node launcher (it reports its own errors and exit status); 2 on a usage error."""
+    """Exec the node launcher (it checks the numbers and reports its own errors and exit status);
+    2 on a usage error found here."""
     try:
-        if args.triton_url:
-            raise ValueError("--headless: a headless node runs ranks of this machine; --triton-url has none")
-        model = args.model or args.model_tag
-        model_path = resolve_model(model)  # the same name resolves to this node's copy (fetched if need be)
-        command = headless_command(args, model_path)
+        command = headless_command(args)
+        # The same name resolves to this node's copy (a known model is fetched into its cache).
+        model_path = resolve_model(args.model or args.model_tag)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"kvserve serve: error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    os.execv(sys.executable, command + ["--model", str(model_path.resolve())])
     return 1  # not reached
-

@@ -19,6 +19,9 @@ from kvserve.backend.engine import AsyncEngine, EngineConfig
 from kvserve.backend.worker import WorkerLost
 from kvserve.backend.worker.parallel.launch import build_parser, check
 from kvserve.backend.worker.parallel.rendezvous import ranks_of_node
+from kvserve.frontend.cli.engine_flags import engine_env
+from kvserve.frontend.cli.serve_cmd import build_parser as serve_parser
+from kvserve.frontend.cli.serve_cmd import main as serve_main
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -82,6 +85,19 @@ def test_bad_node_settings_are_refused_by_name(llama_dir):
         args = build_parser().parse_args([*argv, "--master-addr", "127.0.0.1", "--world-size", "2"])
         with pytest.raises(ValueError, match=message):
             check(args)
+
+
+def test_node_flags_travel_and_the_cli_refuses_what_cannot_work(llama_dir, capsys):
+    args = serve_parser().parse_args(["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1",
+                                      "--master-port", "29600", "--tensor-parallel-size", "3"])
+    env = {k.removeprefix("KVSERVE_").lower(): v for k, v in engine_env(args).items()}
+    config = EngineConfig.from_strings({**env, "model": llama_dir})
+    assert (config.nnodes, config.node_rank, config.master_addr, config.master_port) == (2, 0, "10.0.0.1", 29600)
+    for argv, message in [(["--nnodes", "2", "--node-rank", "1"], "--node-rank 1: only node 0 serves"),
+                          (["--headless", "--nnodes", "2", "--node-rank", "1"], "--master-addr: a headless node"),
+                          (["--headless", "--master-addr", "h", "--triton-url", "h:1"], "--triton-url has none")]:
+        assert serve_main(["--model", llama_dir, *argv]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_tp2_across_two_nodes_equals_tp1(llama_dir):
