@@ -7,6 +7,7 @@ they expect them.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ class EngineConfig:
     # Tensor parallelism (backend/worker/parallel/, vLLM's names): ranks that split each layer's
     # heads and MLP and the vocabulary (Megatron-LM's scheme); 1 is the single-process engine.
     # pipeline_parallel_size > 1 is refused: not built yet. distributed_executor_backend: "mp"
-    # (local worker processes; None picks it) or "ray" (refused: not built yet).
+    # (local worker processes; None picks it) or "ray" (Ray actors in a placement group; the ray extra).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
@@ -140,6 +141,9 @@ class EngineConfig:
             raise ValueError(f"pipeline_parallel_size: {self.pipeline_parallel_size} is not supported yet "
                              f"(pipeline parallelism is not built; only 1 is accepted)")
         _check_executor_backend(self.distributed_executor_backend)
+        if self.distributed_executor_backend == "ray" and self.tensor_parallel_size * self.pipeline_parallel_size == 1:
+            raise ValueError("distributed_executor_backend: 'ray' places worker ranks, and a world of one rank has "
+                             "none (tensor_parallel_size x pipeline_parallel_size is 1): leave it unset")
         _check_nodes(self)
         # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
         if parse_speculative_config(self.speculative_config) is None:
@@ -178,13 +182,10 @@ def _check_executor_backend(name: str | None) -> None:
     if name in (None, "mp"):
         return
     if name == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("ray") is None:  # found, not imported: ray takes seconds to import
             raise ValueError("distributed_executor_backend: 'ray' needs the ray package, which is not "
-                             "installed; use 'mp' (local worker processes)") from None
-        raise ValueError("distributed_executor_backend: 'ray' is not supported yet; use 'mp' "
-                         "(local worker processes)")
+                             "installed (pip install 'kvserve[ray]'); or use 'mp' (local worker processes)")
+        return
     raise ValueError(f"distributed_executor_backend: must be 'mp' or 'ray', got {name!r}")
 
 

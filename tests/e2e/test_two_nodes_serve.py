@@ -13,10 +13,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_tensor_parallel_serve import QUESTIONS, _client, _serve, _workers
+from tests.e2e.test_tensor_parallel_serve import QUESTIONS, WORKER, _client, _serve
 from tests.serve_process import REPO
 
 openai = pytest.importorskip("openai")
@@ -42,6 +43,20 @@ def _second_node(port: int) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
+def _ranks(port: int) -> list[int]:
+    """The worker processes of this world (by its port: other tests' workers may run beside it)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in cmdline]
+        if WORKER in args and args[args.index("--master-port") + 1] == str(port):
+            pids.append(int(proc.name))
+    return pids
+
+
 def _kill_tree(node: subprocess.Popen) -> None:
     try:
         os.killpg(node.pid, signal.SIGKILL)
@@ -63,7 +78,7 @@ def test_tp3_across_two_nodes_answers_as_tp1_and_dies_with_the_other_node(real_m
     node = _second_node(port)
     try:
         with _serve([*_nodes(port), "--node-rank", "0"], check_exit=False) as (head, line):
-            assert len(_workers()) == 2  # rank 1 under the head, rank 2 under the other node
+            assert len(_ranks(port)) == 2  # rank 1 under the head, rank 2 under the other node
             client = _client(line)
             assert _answers(client) == expected
             stream = client.chat.completions.create(
@@ -79,6 +94,6 @@ def test_tp3_across_two_nodes_answers_as_tp1_and_dies_with_the_other_node(real_m
     finally:
         _kill_tree(node)
     deadline = time.monotonic() + 10
-    while _workers() and time.monotonic() < deadline:
+    while _ranks(port) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _workers(), "a rank is left running"
+    assert not _ranks(port), "a rank is left running"

@@ -49,15 +49,21 @@ class TensorParallelExecutor:
         port = config.master_port if config.master_port is not None else (
             DEFAULT_MASTER_PORT if self.nnodes > 1 else 0)
         # One node: the workers reach the store on the loopback. Several: on master_addr (the store
-        # listens on every interface).
-        self.address = config.master_addr if self.nnodes > 1 else "127.0.0.1"
+        # listens on every interface); with Ray, on this node's address in the cluster.
+        self.use_ray = config.distributed_executor_backend == "ray"
+        if self.use_ray:
+            from kvserve.backend.worker.parallel.ray_executor import node_address
+            self.address = node_address()
+        else:
+            self.address = config.master_addr if self.nnodes > 1 else "127.0.0.1"
         try:
             self.store = open_store(self.address, port, world_size, True, self.start_timeout_s)
         except RuntimeError as exc:
             raise WorkerLost(f"tensor parallel: cannot hold the rendezvous on port {port}: {exc}") from exc
         worker_config = dataclasses.replace(config, num_threads=threads_per_rank, cpu_reserved_cores=0)
         publish(self.store, encode_config(worker_config), self.step_timeout_s, world_size, self.nnodes)
-        self.local_ranks = list(ranks_of_node(world_size, self.nnodes, 0))[1:]
+        # Ray places every worker rank itself (ray_executor.py): none is a local process then.
+        self.local_ranks = [] if self.use_ray else list(ranks_of_node(world_size, self.nnodes, 0))[1:]
         self.procs = [subprocess.Popen([sys.executable, "-m", "kvserve.backend.worker.parallel.worker",
                                         "--master-addr", "127.0.0.1", "--master-port", str(self.store.port),
                                         "--rank", str(rank), "--world-size", str(world_size),
@@ -69,7 +75,12 @@ class TensorParallelExecutor:
                       for rank in self.local_ranks]
         self.heartbeats = HeartbeatWatch(self.store, [], self.step_timeout_s)  # none to watch while joining
         self.closed = False
+        self.ray_ranks = None
         try:
+            if self.use_ray:
+                from kvserve.backend.worker.parallel.ray_executor import RayRanks
+                self.ray_ranks = RayRanks(self.address, self.store.port, world_size, threads_per_rank,
+                                          self.start_timeout_s)
             self.group = self._join(device)
         except BaseException:
             self.close(graceful=False)  # nothing ran yet: kill, and tell the other nodes' ranks
@@ -116,6 +127,8 @@ class TensorParallelExecutor:
             code = proc.poll()
             if code is not None:
                 raise WorkerLost(f"tensor parallel rank {rank} (pid {proc.pid}) exited with status {code}")
+        if self.ray_ranks is not None:
+            self.ray_ranks.check()
         lost = self.heartbeats.check()
         if lost is not None:
             raise WorkerLost(lost)
@@ -152,3 +165,5 @@ class TensorParallelExecutor:
                 proc.kill()
                 proc.wait()
 
+        if self.ray_ranks is not None:  # actors: the same order, through Ray (its placement group freed)
+            self.ray_ranks.stop(max(0.0, deadline - time.monotonic()) if graceful else 0.0)
