@@ -135,8 +135,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--tensor-parallel-size", "ranks that split every layer (Megatron-LM's scheme); must divide the "
                "model's attention heads; 1: one process", positive_int),
     EngineFlag("--pipeline-parallel-size", "pipeline stages (only 1 yet: larger sizes are refused)", positive_int),
-    EngineFlag("--distributed-executor-backend", "how the ranks run: mp, local worker processes (the default); "
-               "ray is refused (not built yet)", choices=("mp", "ray")),
+    EngineFlag("--distributed-executor-backend", "how the ranks run: mp, worker processes (the default); ray, "
+               "Ray actors on the cluster ray.init finds (pip install 'kvserve[ray]')", choices=("mp", "ray")),
     # Ranks on several machines (vLLM's mp-backend names): node 0 serves, the others run --headless.
     EngineFlag("--nnodes", "machines the ranks run on (mp backend); node 0 runs the engine and the API, "
                "each other node `kvserve serve --headless --node-rank K` (docs/parallelism.md)", positive_int),
