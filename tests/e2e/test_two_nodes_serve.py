@@ -38,8 +38,9 @@ def _nodes(port: int) -> list[str]:
 
 def _second_node(port: int) -> subprocess.Popen:
     """The other node's command, as a second machine would run it: not a child of the head."""
+    # --cpu-reserved-cores 1: this "node" shares the machine with the head; alone it would take every core.
     return subprocess.Popen([sys.executable, "-m", "kvserve.frontend.cli", "serve", *_nodes(port), "--node-rank", "1",
-                             "--headless"], cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                             "--headless", "--cpu-reserved-cores", str(len(os.sched_getaffinity(0)) - 1)], cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 

@@ -40,7 +40,9 @@ def _node(port: int, model: str, world_size: int = 2, node_rank: int = 1) -> sub
     """The other node: its own session (process group), as a second machine's command would be."""
     return subprocess.Popen([sys.executable, "-m", "kvserve.backend.worker.parallel.launch", "--nnodes", "2",
                              "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                             "--world-size", str(world_size), "--model", model],
+                             "--world-size", str(world_size), "--model", model,
+                             # One machine plays both nodes: this one leaves the head its cores.
+                             "--cpu-reserved-cores", str(len(os.sched_getaffinity(0)) - 1)],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
