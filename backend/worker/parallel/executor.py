@@ -94,7 +94,7 @@ class TensorParallelExecutor:
     def _join(self, device: torch.device) -> RankGroup:
         """The group, once every worker has arrived at the store (each says so after its imports):
         the groups' own rendezvous then waits for no one, so it can keep the step's bound. One that
-        exits while starting fails the start at once, not after START_TIMEOUT_S."""
+        exits while starting, or is refused (rendezvous.py), fails the start at once, not after the bound."""
         ranks = range(1, self.world_size)
         deadline = time.monotonic() + self.start_timeout_s
         while not self.store.check([f"arrived/{rank}" for rank in ranks]):
@@ -164,6 +164,5 @@ class TensorParallelExecutor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
         if self.ray_ranks is not None:  # actors: the same order, through Ray (its placement group freed)
             self.ray_ranks.stop(max(0.0, deadline - time.monotonic()) if graceful else 0.0)
