@@ -7,6 +7,7 @@ they expect them.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
@@ -84,11 +85,18 @@ class EngineConfig:
     # heads and MLP and the vocabulary (Megatron-LM's scheme); 1 is the single-process engine.
     # Pipeline parallelism: stages of contiguous layers, each of tensor_parallel_size ranks (the
     # world is their product; whether they divide the model is checked at start, against its
-    # config). distributed_executor_backend: "mp"
-    # (local worker processes; None picks it) or "ray" (refused: not built yet).
+    # config). distributed_executor_backend: "mp" (worker processes, local or on --headless nodes;
+    # None picks it) or "ray" (Ray actors in a placement group; the ray extra).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    # Ranks on several machines (vLLM's mp-backend names; docs/parallelism.md): the engine runs on node
+    # 0 and holds the rendezvous on master_port (None: 29501 with nnodes > 1, a free port otherwise);
+    # node k > 0 runs `kvserve serve --headless --node-rank k`, which starts its ranks and joins.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
     # Test hooks, apart so that no serving knob is mistaken for one (and none is a `kvserve serve` flag).
     debug: DebugConfig = field(default_factory=DebugConfig)
 
@@ -132,6 +140,10 @@ class EngineConfig:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
         _positive("pipeline_parallel_size", self.pipeline_parallel_size)
         _check_executor_backend(self.distributed_executor_backend)
+        if self.distributed_executor_backend == "ray" and self.tensor_parallel_size * self.pipeline_parallel_size == 1:
+            raise ValueError("distributed_executor_backend: 'ray' places worker ranks, and a world of one rank has "
+                             "none (tensor_parallel_size x pipeline_parallel_size is 1): leave it unset")
+        _check_nodes(self)
         # Refuses a bad config, naming its field; a string (config.pbtxt, environment) becomes the object.
         if parse_speculative_config(self.speculative_config) is None:
             self.speculative_config = None
@@ -169,14 +181,31 @@ def _check_executor_backend(name: str | None) -> None:
     if name in (None, "mp"):
         return
     if name == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("ray") is None:  # found, not imported: ray takes seconds to import
             raise ValueError("distributed_executor_backend: 'ray' needs the ray package, which is not "
-                             "installed; use 'mp' (local worker processes)") from None
-        raise ValueError("distributed_executor_backend: 'ray' is not supported yet; use 'mp' "
-                         "(local worker processes)")
+                             "installed (pip install 'kvserve[ray]'); or use 'mp' (local worker processes)")
+        return
     raise ValueError(f"distributed_executor_backend: must be 'mp' or 'ray', got {name!r}")
+
+
+def _check_nodes(cfg: "EngineConfig") -> None:
+    _positive("nnodes", cfg.nnodes)
+    world = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
+    if cfg.nnodes > world:
+        raise ValueError(f"nnodes: {cfg.nnodes} nodes for a world of {world} rank(s) (tensor_parallel_size x "
+                         f"pipeline_parallel_size): every node needs at least one rank")
+    if not isinstance(cfg.node_rank, int) or not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ValueError(f"node_rank: must be in [0, nnodes={cfg.nnodes}), got {cfg.node_rank!r}")
+    if cfg.node_rank != 0:
+        raise ValueError(f"node_rank: the engine runs on node 0; node {cfg.node_rank} runs "
+                         f"`kvserve serve --headless --node-rank {cfg.node_rank}` (it starts that node's ranks)")
+    if not cfg.master_addr:
+        raise ValueError("master_addr: an address is required (the head node's, as the other nodes reach it)")
+    if cfg.master_port is not None and not (isinstance(cfg.master_port, int) and 0 < cfg.master_port < 65536):
+        raise ValueError(f"master_port: must be a TCP port in [1, 65535], got {cfg.master_port!r}")
+    if cfg.nnodes > 1 and cfg.distributed_executor_backend == "ray":
+        raise ValueError("nnodes: the ray backend places ranks on the cluster's nodes itself; "
+                         "nnodes > 1 is for the mp backend")
 
 
 def _positive(name: str, value: int) -> None:

@@ -90,7 +90,10 @@ class ModelRunner:
         # anywhere in the process (an embedding worker's, say), not with torch's default.
         threads = threads or torch_default_threads()
         if world > 1 and group is None:
-            threads = max(1, threads // world)  # every rank its share of the cores (workers get it too)
+            # Every rank of this node its share of the cores (its workers get it too; another node's
+            # launcher shares that node's cores among its own ranks).
+            from kvserve.backend.worker.parallel.rendezvous import ranks_of_node
+            threads = max(1, threads // len(ranks_of_node(world, config.nnodes, 0)))
         torch.set_num_threads(threads)
         log.info("engine uses %d CPU thread(s)%s", threads, f" per rank, {world} ranks" if world > 1 else "")
         self.device = resolve_device(config.device)

@@ -136,8 +136,16 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
                "model's attention heads; 1: one process", positive_int),
     EngineFlag("--pipeline-parallel-size", "pipeline stages of contiguous layers; must divide the model's layers; "
                "the ranks are TP x PP", positive_int),
-    EngineFlag("--distributed-executor-backend", "how the ranks run: mp, local worker processes (the default); "
-               "ray is refused (not built yet)", choices=("mp", "ray")),
+    EngineFlag("--distributed-executor-backend", "how the ranks run: mp, worker processes (the default); ray, "
+               "Ray actors on the cluster ray.init finds (pip install 'kvserve[ray]')", choices=("mp", "ray")),
+    # Ranks on several machines (vLLM's mp-backend names): node 0 serves, the others run --headless.
+    EngineFlag("--nnodes", "machines the ranks run on (mp backend); node 0 runs the engine and the API, "
+               "each other node `kvserve serve --headless --node-rank K` (docs/parallelism.md)", positive_int),
+    EngineFlag("--node-rank", "this machine's node in [0, --nnodes); only 0 serves (the others: --headless)",
+               non_negative_int),
+    EngineFlag("--master-addr", "the head node's address, as the other nodes reach it (the TCP rendezvous)"),
+    EngineFlag("--master-port", "the TCP rendezvous's port on the head (default 29501 with --nnodes > 1)",
+               positive_int),
     EngineFlag("--seed", "engine seed for requests without their own", int),
     EngineFlag("--attention-backend", "attention implementation", choices=("auto", "triton", "torch")),
     EngineFlag("--enforce-eager", "CUDA: run decode steps eagerly instead of replaying CUDA graphs captured at "

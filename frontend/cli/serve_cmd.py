@@ -22,6 +22,7 @@ from kvserve.frontend.backend_client import (BackendClient, TritonBackendClient,
                                              positive_number, validate_replica_flags)
 from kvserve.frontend.cli.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, looks_like_path, resolve_model
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
+from kvserve.frontend.cli.headless import add_node_flags, check_node_flags, run_headless
 from kvserve.frontend.cli.host_process import HostProcess, HostStartError, free_port, host_command
 from kvserve.frontend.cli.model_info import derive_max_model_len
 from kvserve.frontend.http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="answers kept (per server, least recently used dropped first; each API key "
                                 "sees only its own)")
     add_engine_flags(p)
+    add_node_flags(p)
     add_replica_flags(p)
     add_cors_flags(p)
     add_host_flags(p)
@@ -267,7 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     from kvserve.observability.tracing import setup_tracing
 
     configure_logging(fmt=args.log_format, log_requests=args.log_requests)
+    if args.headless:
+        return run_headless(args)  # another node of a multi-node world: its ranks, no API
     try:
+        problem = check_node_flags(args)
+        if problem:
+            raise UsageError(problem)
         plan = plan_from_args(args)
         if args.enable_auto_tool_choice and not args.tool_call_parser:
             raise UsageError("--enable-auto-tool-choice needs --tool-call-parser")

@@ -17,10 +17,11 @@ def encode_config(config: EngineConfig) -> bytes:
     return json.dumps(dataclasses.asdict(config)).encode()
 
 
-def decode_config(data: bytes) -> EngineConfig:
+def decode_config(data: bytes, **changes) -> EngineConfig:
+    """The config rank 0 sent, with `changes` (a node's own model path, say) applied before it is checked."""
     fields = json.loads(data)
     fields["debug"] = DebugConfig(**fields["debug"])
-    return EngineConfig(**fields)
+    return EngineConfig(**{**fields, **changes})
 
 
 def encode_message(message: tuple[str, SchedulerOutput | None] | None) -> bytes:

@@ -28,14 +28,20 @@ def _watch_parent(pid: int) -> None:
             os._exit(1)
 
 
-def serve(master_addr: str, master_port: int, rank: int, world_size: int) -> int:
+def serve(master_addr: str, master_port: int, rank: int, world_size: int, node: argparse.Namespace) -> int:
     from kvserve.backend.worker.model_runner import InjectedFault, ModelRunner
+    from kvserve.backend.worker.parallel import rendezvous
     from kvserve.backend.worker.parallel.distributed import RankGroup, open_store
-    from kvserve.backend.worker.parallel.wire import decode_config
 
-    store = open_store(master_addr, master_port, world_size, False, 300.0)
-    config = decode_config(store.get("engine_config"))
+    def connect():
+        return open_store(master_addr, master_port, world_size, False, rendezvous.start_timeout_s())
+
+    store = connect()
+    rendezvous.claim_rank(store, rank, world_size, node.nnodes)
+    config = rendezvous.read_config(store, rank, node.model, node.num_threads)
     timeout_s = float(store.get("step_timeout_s").decode())
+    if node.heartbeat:
+        rendezvous.start_heartbeat(connect, rank)
     store.set(f"arrived/{rank}", "1")  # rank 0 builds the groups once every rank has
     group = RankGroup(store, rank, world_size, timeout_s, _device(config.device), config.pipeline_parallel_size)
     runner = ModelRunner(config, group=group)
@@ -67,12 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, default=None)
+    # Set by another node's launcher (launch.py): checked against the head's world, this node's model
+    # path and threads, and heartbeats (the head cannot see another machine's processes).
+    parser.add_argument("--nnodes", type=int, default=None)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--heartbeat", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"rank {args.rank}: %(levelname)s %(message)s")
     if args.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     try:
-        return serve(args.master_addr, args.master_port, args.rank, args.world_size)
+        return serve(args.master_addr, args.master_port, args.rank, args.world_size, args)
     except Exception as exc:  # rank 0 notices the closed connection and fails the engine
         log.error("worker rank %d stops: %s: %s", args.rank, type(exc).__name__, exc)
         return 1
