@@ -167,7 +167,7 @@ def test_killing_the_other_node_mid_stream_stops_the_engine(two_node_engine):
     deadline = time.monotonic() + BOUND_S + 10
     while not (outs and outs[-1].finished) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert outs[-1].finished and outs[-1].error and "tensor-parallel worker was lost" in outs[-1].error
+    assert outs[-1].finished and outs[-1].error and "parallel worker (tensor or pipeline) was lost" in outs[-1].error
     assert len(eng.fatal) == 1 and isinstance(eng.fatal[0], WorkerLost) and not eng.healthy()
 
 
