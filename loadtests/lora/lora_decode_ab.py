@@ -1,6 +1,6 @@
 """A/B of decode-step time with LoRA adapters, offline, in one process (issue #33).
 
-    .venv/bin/python loadtests/studies/lora_decode_ab.py --batch 16 --context 128 --pairs 8 --a base --b lora8
+    .venv/bin/python -m kvserve.loadtests.lora.lora_decode_ab --batch 16 --context 128 --pairs 8 --a base --b lora8
 
 Engines on the same model (SmolLM2-135M-Instruct by default), each with `--batch` requests of
 `--context` random prompt tokens prefilled; blocks of `--steps` decode steps then alternate
@@ -13,8 +13,8 @@ both). Variants:
   projections, written as loadtests/lora/lora_ab.py writes them)
 - `lora8-perop`: `lora8` with the native decode step off (the layer-by-layer path)
 
-Wall time per step, or the process's CPU time with --cpu-time (best with --threads 1); `--profile` prints a cProfile of
-a few steps of variant B. One-off measurement, not installed.
+Wall time per step, or the process's CPU time with --cpu-time (best with --threads 1 on a busy
+machine); `--profile` prints a cProfile of a few steps of variant B.
 """
 from __future__ import annotations
 
