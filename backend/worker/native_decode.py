@@ -254,23 +254,28 @@ class NativeDecodeStep:
         shape = _Shape(rows=rows, num_threads=torch.get_num_threads(),
                        parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS, **self.shape)
         if lora_step is not None:
-            self._fill_lora(lora_step, rows)
+            if not self._fill_lora(lora_step, rows):
+                return None
             shape.lora = ctypes.pointer(self.lora)
         status = cpu_native.decode_step(ctypes.byref(shape), layers, self.num_layers, x.data_ptr(), x_out.data_ptr(),
                                         residual.data_ptr())
         return None if status else (x_out, residual)
 
-    def _fill_lora(self, step: dict, rows: int) -> None:
-        """This step's row groups into the LoRA descriptor (its stacks' pointers are fixed). The
-        groups' tensors stay alive in the slots' `step` for the call."""
+    def _fill_lora(self, step: dict, rows: int) -> bool:
+        """This step's row groups into the LoRA descriptor (its stacks' pointers are fixed); False
+        where they do not fit the step (the kernel trusts its row indices, and the C side's scratch
+        holds `rows` rows). The groups' tensors stay alive in the slots' `step` for the call."""
         for i, name in enumerate(_LORA_TARGETS):
             target, groups = self.lora.targets[i], step.get(name)
             if groups is None or target.in_features == 0:
                 target.rows = 0
                 continue
+            if groups.order.numel() > rows or (groups.order.numel() and int(groups.order.max()) >= rows):
+                return False
             target.order, target.group_starts = groups.order.data_ptr(), groups.group_starts.data_ptr()
             target.group_slots = groups.group_slots.data_ptr()
             target.rows, target.groups = groups.order.numel(), groups.group_slots.numel()
+        return True
 
     def _tables(self, meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The group's int32 tables and lengths and its int64 slots, the first two checked as the attention plan checks them (the
