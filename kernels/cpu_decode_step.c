@@ -7,6 +7,11 @@
  * per-operation path's bit for bit (tests/backend/worker/test_native_decode.py); only the Python
  * between them is gone. backend/worker/native_decode.py decides when a step may take it (decode
  * rows only, every projection on a native kernel) and keeps the descriptors.
+ *
+ * With LoRA adapter rows (backend/lora/), each projection's targets add their rows' products after
+ * the base product, as the wrapped projections of backend/lora/layers.py do: cpu_lora.c's kernel,
+ * target by target in the same order (q, k, v into qkv's columns; gate, up into gate_up's), on the
+ * same inputs and outputs, so those steps too are the per-operation path's bit for bit.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,6 +40,10 @@ int kvserve_linear_i8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k
 int kvserve_linear_grouped_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed,
                                int format, const float *scales, const float *zeros, int64_t n, const float *bias,
                                float *out, int64_t out_stride, int num_threads);
+int kvserve_lora_f32(const float *x, int64_t x_stride, int64_t k, const float *a, const float *bt, int64_t r_max,
+                     int64_t n, const float *scales, const int64_t *ranks, const int64_t *order,
+                     const int64_t *group_starts, const int64_t *group_slots, int64_t groups, float *y,
+                     int64_t y_stride, int64_t y_off, float *t, int num_threads);
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads);
 
@@ -71,11 +80,34 @@ typedef struct {
     int64_t window;       /* 0: full attention */
 } kvserve_decode_layer;
 
+/* One LoRA target of this step (backend/lora/slots.py's stacks and TargetGroups): its rows grouped
+ * by adapter slot, and every layer's stacks (layer l's are l * slots * r_max rows in). */
+typedef struct {
+    const float *a;  /* [layers][slots][r_max][in_features]; NULL: no row of this step runs the target */
+    const float *bt; /* [layers][slots][r_max][out_features] */
+    const int64_t *ranks; /* [slots]: 0 where the slot's adapter lacks the target */
+    int64_t in_features, out_features;
+    int64_t y_off; /* its first column in the projection's output (qkv, gate_up: fused) */
+    const int64_t *order, *group_starts, *group_slots;
+    int64_t rows, groups;
+} kvserve_lora_target;
+
+/* The targets in backend/lora/adapter.py's TARGETS order. */
+enum { LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
+
+typedef struct {
+    kvserve_lora_target targets[LORA_TARGETS];
+    const float *scales; /* [slots] */
+    int64_t slots, r_max;
+    int64_t parallel_min_macs; /* below it a product stays on one thread (cpu_native.lora's rule) */
+} kvserve_lora_step;
+
 typedef struct {
     int64_t rows, hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, rotary_half;
     float eps, scale;
     int64_t num_threads;
     int64_t parallel_min_elements; /* below it an elementwise op stays on one thread (cpu_native.py) */
+    const kvserve_lora_step *lora; /* this step's adapter rows, or NULL (base-model rows only) */
 } kvserve_decode_shape;
 
 static int run_linear(const kvserve_linear_desc *w, const float *x, int64_t m, float *out, int threads) {
@@ -97,6 +129,27 @@ static int run_linear(const kvserve_linear_desc *w, const float *x, int64_t m, f
     }
 }
 
+/* Adds the LoRA products of targets [first, last) of layer l to y, a projection's output (x its
+ * input), as kernels/cpu_native.py's lora() calls the kernel (t: scratch of rows * r_max floats). */
+static int add_lora(const kvserve_decode_shape *s, int64_t l, int first, int last, const float *x, int64_t x_stride,
+                    float *y, int64_t y_stride, float *t) {
+    const kvserve_lora_step *lora = s->lora;
+    if (!lora) return 0;
+    for (int i = first; i < last; i++) {
+        const kvserve_lora_target *T = lora->targets + i;
+        if (!T->a || T->rows == 0) continue;
+        const int64_t stack = lora->slots * lora->r_max;
+        const int threads = T->rows * lora->r_max * (T->in_features + T->out_features) >= lora->parallel_min_macs
+                                ? (int)s->num_threads : 1;
+        if (kvserve_lora_f32(x, x_stride, T->in_features, T->a + l * stack * T->in_features,
+                             T->bt + l * stack * T->out_features, lora->r_max, T->out_features, lora->scales,
+                             T->ranks, T->order, T->group_starts, T->group_slots, T->groups, y, y_stride, T->y_off,
+                             t, threads))
+            return 4;
+    }
+    return 0;
+}
+
 static int elementwise_threads(const kvserve_decode_shape *s, int64_t elements) {
     return elements >= s->parallel_min_elements ? (int)s->num_threads : 1;
 }
@@ -111,13 +164,15 @@ int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_
     const int64_t m = s->rows, hidden = s->hidden, d = s->head_dim;
     const int64_t q_size = s->num_heads * d, kv_size = s->num_kv_heads * d, qkv_size = q_size + 2 * kv_size;
     const int threads = (int)s->num_threads;
+    const int64_t lora_t = s->lora ? m * s->lora->r_max : 0; /* the LoRA shrink's scratch */
     float *work = malloc(sizeof(float) * (size_t)(m * (5 * hidden + qkv_size + q_size + q_size + kv_size
-                                                       + 3 * s->intermediate)));
+                                                       + 3 * s->intermediate) + lora_t));
     if (!work) return 2;
     float *x = work, *residual = x + m * hidden, *h = residual + m * hidden, *attn_out = h + m * hidden;
     float *branch = attn_out + m * hidden; /* a branch's output before its own norm (Gemma) */
     float *qkv = branch + m * hidden, *q = qkv + m * qkv_size, *attn = q + m * q_size, *k = attn + m * q_size;
     float *gate_up = k + m * kv_size, *act = gate_up + m * 2 * s->intermediate;
+    float *lora_scratch = act + m * s->intermediate;
     memcpy(x, x_in, sizeof(float) * (size_t)(m * hidden));
     const int norm_threads = elementwise_threads(s, m * hidden);
     const int rotary_q_threads = elementwise_threads(s, m * s->num_heads * 2 * s->rotary_half);
@@ -135,6 +190,7 @@ int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_
                                  norm_threads);
         }
         if ((status = run_linear(&L->qkv, h, m, qkv, threads))) break;
+        if ((status = add_lora(s, l, LORA_Q, LORA_O, h, hidden, qkv, qkv_size, lora_scratch))) break;
         /* q and k as the model makes them: contiguous copies (normed per head where the model norms
          * them; a row's result does not depend on the threads), turned in place. */
         for (int64_t r = 0; r < m; r++) {
@@ -165,15 +221,23 @@ int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_
                                            L->window, s->scale, threads)))
             break;
         if ((status = run_linear(&L->o, attn, m, L->attn_output_norm ? branch : attn_out, threads))) break;
+        if ((status = add_lora(s, l, LORA_O, LORA_GATE, attn, q_size, L->attn_output_norm ? branch : attn_out, hidden,
+                               lora_scratch)))
+            break;
         if (L->attn_output_norm)
             kvserve_rms_norm_f32(branch, NULL, L->attn_output_norm, attn_out, NULL, m, hidden, hidden, 0, s->eps,
                                  norm_threads);
         kvserve_rms_norm_f32(attn_out, residual, L->pre_mlp_norm, h, residual, m, hidden, hidden, hidden, s->eps,
                              norm_threads);
         if ((status = run_linear(&L->gate_up, h, m, gate_up, threads))) break;
+        if ((status = add_lora(s, l, LORA_GATE, LORA_DOWN, h, hidden, gate_up, 2 * s->intermediate, lora_scratch)))
+            break;
         (L->gelu ? kvserve_gelu_tanh_and_mul_f32 : kvserve_silu_and_mul_f32)(gate_up, act, m, s->intermediate,
                                                                               2 * s->intermediate, act_threads);
         if ((status = run_linear(&L->down, act, m, L->mlp_output_norm ? branch : x, threads))) break;
+        if ((status = add_lora(s, l, LORA_DOWN, LORA_TARGETS, act, s->intermediate, L->mlp_output_norm ? branch : x,
+                               hidden, lora_scratch)))
+            break;
         if (L->mlp_output_norm)
             kvserve_rms_norm_f32(branch, NULL, L->mlp_output_norm, x, NULL, m, hidden, hidden, 0, s->eps, norm_threads);
     }

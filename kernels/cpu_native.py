@@ -517,7 +517,7 @@ def linear_grid(x: torch.Tensor, weight: Int4Weight, bits: int, out_features: in
 
 # Below this many multiply-adds a LoRA product stays on the calling thread (a decode step's few
 # rows of one adapter: the OpenMP region would cost more than the work).
-_LORA_PARALLEL_MIN_MACS = 1 << 17
+LORA_PARALLEL_MIN_MACS = 1 << 17  # cpu_decode_step.c's LoRA products follow the same rule
 
 
 def lora(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, scales: torch.Tensor,
@@ -541,7 +541,7 @@ def lora(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, sc
     if m == 0:
         return True
     t = torch.empty(m, r_max)
-    threads = torch.get_num_threads() if m * r_max * (k + n) >= _LORA_PARALLEL_MIN_MACS else 1
+    threads = torch.get_num_threads() if m * r_max * (k + n) >= LORA_PARALLEL_MIN_MACS else 1
     status = lib.kvserve_lora_f32(x.data_ptr(), x.stride(0), k, a.data_ptr(), bt.data_ptr(), r_max, n,
                                   scales.data_ptr(), ranks.data_ptr(), order.data_ptr(), group_starts.data_ptr(),
                                   group_slots.data_ptr(), group_slots.numel(), y.data_ptr(), y.stride(0), y_off,

@@ -12,11 +12,17 @@ A step is declined (the per-operation path runs, nothing changed) where the two 
 or a kernel is missing: ops other than TorchOps (Triton); non-decode rows or more than 64 rows;
 a KV cache dtype the attention kernel does not read (it reads float32, bfloat16 and both fp8s);
 a projection not on a native kernel at this row count (oneDNN-only, or torch's int4 kernel below
-its native threshold); rows for a LoRA adapter (steps of base-model rows only take it); a
+its native threshold); LoRA stacks other than contiguous float32 ones on the CPU; a
 Llama-family model's q/k norms (Qwen3's per-head norm runs in torch; Gemma's is native); exact
 GELU; a tensor-parallel shard (its all-reduces sit between the operations); or a shape beyond the
 attention kernel's bounds.
 KVSERVE_CPU_DECODE_STEP=0 turns it off (for A/B measurements).
+
+With --enable-lora, steps with adapter rows take it too (issue #33): the slots' stacks and this
+step's row groups go in as one descriptor per target (`_LoRAStep`), and the C side adds each
+target's grouped shrink/expand (kernels/cpu_lora.c) after its projection, as the wrapped
+projections of backend/lora/layers.py do from Python: the same kernel on the same rows, so
+adapter steps too equal the per-operation path bit for bit.
 """
 from __future__ import annotations
 
@@ -48,10 +54,27 @@ class _Layer(ctypes.Structure):
                 ("tables", _p), ("table_stride", _i64), ("lens", _p), ("slots", _p), ("window", _i64)]
 
 
+class _LoRATarget(ctypes.Structure):
+    _fields_ = [("a", _p), ("bt", _p), ("ranks", _p), ("in_features", _i64), ("out_features", _i64),
+                ("y_off", _i64), ("order", _p), ("group_starts", _p), ("group_slots", _p), ("rows", _i64),
+                ("groups", _i64)]
+
+
+# The C side's LORA_* order: backend/lora/adapter.py's TARGETS (not imported: lora/ loads only with
+# --enable-lora). Within a fused projection it is also the wrapper's order of segments.
+_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class _LoRAStep(ctypes.Structure):
+    _fields_ = [("targets", _LoRATarget * len(_LORA_TARGETS)), ("scales", _p), ("slots", _i64), ("r_max", _i64),
+                ("parallel_min_macs", _i64)]
+
+
 class _Shape(ctypes.Structure):
     _fields_ = [("rows", _i64), ("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64),
                 ("num_kv_heads", _i64), ("head_dim", _i64), ("block_size", _i64), ("rotary_half", _i64),
-                ("eps", _f), ("scale", _f), ("num_threads", _i64), ("parallel_min_elements", _i64)]
+                ("eps", _f), ("scale", _f), ("num_threads", _i64), ("parallel_min_elements", _i64),
+                ("lora", ctypes.POINTER(_LoRAStep))]
 
 
 MAX_ROWS = NATIVE_MAX_ROWS  # above it the projections leave the native kernels
@@ -70,8 +93,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     """The kernel `linear.forward` picks for `rows` float32 rows, as a descriptor (with the tensors
     it points into, kept alive by the caller), or None where that is not a native kernel. A LoRA
-    wrapper is described by its base: `run` takes only steps without adapter rows, where the
-    wrapper is its base."""
+    wrapper is described by its base: its adapters' products come in `_LoRAStep`."""
     if _is_lora(linear):
         linear = linear.base
     bias_tensor = getattr(linear, "bias", None)
@@ -147,9 +169,11 @@ class NativeDecodeStep:
                           block_size=kv_caches[0][0].shape[1], rotary_half=model.cos_sin_cache.shape[1] // 2,
                           eps=first.eps, scale=model.scale)
         self._by_rows: dict[int, tuple[ctypes.Array, list[torch.Tensor]] | None] = {}
-        # With --enable-lora: the adapter slots, whose `step` is None in steps with no adapter rows.
+        # With --enable-lora: the adapter slots, whose `step` is None in steps with no adapter rows,
+        # and the descriptor their steps fill in (None: adapter steps decline).
         qkv = model.layers[0].qkv_proj
         self.lora_slots = qkv.slots if _is_lora(qkv) else None
+        self.lora = _lora_step(model, self.lora_slots) if self.lora_slots is not None else None
 
     @classmethod
     def for_model(cls, model, ops, kv_caches) -> "NativeDecodeStep | None":
@@ -197,9 +221,10 @@ class NativeDecodeStep:
     def run(self, x: torch.Tensor, positions: torch.Tensor, metas: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(x, residual) after the last layer, or None: the step is not one this path takes."""
         rows = x.shape[0]
+        lora_step = None if self.lora_slots is None else self.lora_slots.step
         if (rows > MAX_ROWS or x.dtype != torch.float32 or not x.is_contiguous()
                 or not all(meta.decode_only for meta in metas)
-                or (self.lora_slots is not None and self.lora_slots.step is not None)):
+                or (lora_step is not None and self.lora is None)):
             return None
         built = self._layers(rows)
         if built is None:
@@ -228,9 +253,29 @@ class NativeDecodeStep:
         x_out, residual = torch.empty_like(x), torch.empty_like(x)
         shape = _Shape(rows=rows, num_threads=torch.get_num_threads(),
                        parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS, **self.shape)
+        if lora_step is not None:
+            if not self._fill_lora(lora_step, rows):
+                return None
+            shape.lora = ctypes.pointer(self.lora)
         status = cpu_native.decode_step(ctypes.byref(shape), layers, self.num_layers, x.data_ptr(), x_out.data_ptr(),
                                         residual.data_ptr())
         return None if status else (x_out, residual)
+
+    def _fill_lora(self, step: dict, rows: int) -> bool:
+        """This step's row groups into the LoRA descriptor (its stacks' pointers are fixed); False
+        where they do not fit the step (the kernel trusts its row indices, and the C side's scratch
+        holds `rows` rows). The groups' tensors stay alive in the slots' `step` for the call."""
+        for i, name in enumerate(_LORA_TARGETS):
+            target, groups = self.lora.targets[i], step.get(name)
+            if groups is None or target.in_features == 0:
+                target.rows = 0
+                continue
+            if groups.order.numel() > rows or (groups.order.numel() and int(groups.order.max()) >= rows):
+                return False
+            target.order, target.group_starts = groups.order.data_ptr(), groups.group_starts.data_ptr()
+            target.group_slots = groups.group_slots.data_ptr()
+            target.rows, target.groups = groups.order.numel(), groups.group_slots.numel()
+        return True
 
     def _tables(self, meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The group's int32 tables and lengths and its int64 slots, the first two checked as the attention plan checks them (the
@@ -245,3 +290,29 @@ class NativeDecodeStep:
             return None
         return (tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous(),
                 meta.slot_mapping.long().contiguous())
+
+
+def _lora_step(model, slots) -> _LoRAStep | None:
+    """The descriptor of the slots' stacks for every target (rows filled in per step), or None where
+    the C side cannot read them as cpu_native.lora does (then adapter steps run per operation)."""
+    step = _LoRAStep(scales=_ptr(slots.scales), slots=slots.num_slots, r_max=slots.max_rank,
+                     parallel_min_macs=cpu_native.LORA_PARALLEL_MIN_MACS)
+    tensors = [slots.scales, *slots.ranks.values(), *slots.a.values(), *slots.bt.values()]
+    if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors) or slots.scales.dtype != torch.float32:
+        return None
+    layer = model.layers[0]
+    seen = []
+    for proj in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+        for name, offset in getattr(layer, proj).segments:
+            seen.append(name)
+            if name not in slots.a:
+                continue
+            a, bt, ranks = slots.a[name], slots.bt[name], slots.ranks[name]
+            if a.dtype != torch.float32 or bt.dtype != torch.float32 or ranks.dtype != torch.int64:
+                return None
+            target = step.targets[_LORA_TARGETS.index(name)]
+            target.a, target.bt, target.ranks = _ptr(a), _ptr(bt), _ptr(ranks)
+            target.in_features, target.out_features, target.y_off = a.shape[3], bt.shape[3], offset
+    if seen != list(_LORA_TARGETS):  # the C side adds a projection's targets in this order
+        return None
+    return step

@@ -40,7 +40,7 @@ class _Counted:
         return out
 
 
-def _native_and_per_op(llm: LLM, prompts, params: SamplingParams):
+def _native_and_per_op(llm: LLM, prompts, params: SamplingParams, **generate):
     """Outputs with the native step, then the same requests with it off; and how many steps it took.
     The engines run without prefix caching: a second run's prefix hits would change its prefills."""
     assert not llm.engine.config.enable_prefix_caching
@@ -48,9 +48,9 @@ def _native_and_per_op(llm: LLM, prompts, params: SamplingParams):
     assert model.native_decode is not None, "the native step should apply to this engine"
     counted = _Counted(model.native_decode)
     model.native_decode = counted
-    native = llm.generate(prompts, params)
+    native = llm.generate(prompts, params, **generate)
     model.native_decode = None
-    per_op = llm.generate(prompts, params)
+    per_op = llm.generate(prompts, params, **generate)
     model.native_decode = counted.step
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks
     return native, per_op, counted.taken
@@ -62,11 +62,12 @@ def _assert_equal(native, per_op) -> None:
         assert a.outputs[0].logprobs == b.outputs[0].logprobs  # the same floats, not close ones
 
 
-def _assert_native_equals_per_op(llm: LLM, prompts, params: SamplingParams, min_taken: int = 1) -> None:
+def _assert_native_equals_per_op(llm: LLM, prompts, params: SamplingParams, min_taken: int = 1, **generate):
     """Both paths give the same outputs, and the native step ran at least `min_taken` steps."""
-    native, per_op, taken = _native_and_per_op(llm, prompts, params)
+    native, per_op, taken = _native_and_per_op(llm, prompts, params, **generate)
     _assert_equal(native, per_op)
     assert taken >= min_taken
+    return native
 
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
@@ -136,21 +137,50 @@ def test_declined_where_it_would_differ_or_cannot_run(llama_dir, monkeypatch):
     assert LLM(model=llama_dir, dtype="float32").engine.runner.model.native_decode is None
 
 
-def test_with_lora_enabled_base_model_steps_take_it_and_adapter_steps_do_not(llama_dir, tmp_path):
+def _lora_requests(model_dir: str, folder, ranks: tuple[int, ...]):
+    """Adapters over all seven projections (the fused qkv and gate_up split by target), one per rank."""
+    from kvserve.backend.lora import LoRARequest
+    from kvserve.loadtests.lora.lora_ab import write_adapter
+    return [LoRARequest(f"a{i}", i + 1, str(write_adapter(folder / f"a{i}", model_dir, rank, seed=40 + i)))
+            for i, rank in enumerate(ranks)]
+
+
+def test_with_lora_enabled_adapter_and_base_rows_take_it(llama_dir, tmp_path):
+    # Adapter steps run their products inside the native step (cpu_decode_step.c's add_lora): rows
+    # of three adapters (two ranks over all seven targets, one peft adapter on q and v only: the
+    # other targets' rank is 0 in its slot) mixed with base-model rows, and base-only steps.
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
     from kvserve.backend.lora import LoRARequest
     from tests.backend.lora.peft_adapters import AdapterSpec, make_adapter
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
-    adapter = make_adapter(hf, tmp_path / "a", AdapterSpec(rank=4, alpha=8, targets=("q_proj", "v_proj"), seed=0))
-    llm = LLM(model=llama_dir, dtype="float32", enable_lora=True, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1)
-    _assert_native_equals_per_op(llm, _prompts(3), params)
-    counted = _Counted(llm.engine.runner.model.native_decode)
-    llm.engine.runner.model.native_decode = counted
-    with_adapter = llm.generate(_prompts(3), params, lora_request=LoRARequest("a", 1, str(adapter)))
-    assert counted.taken == 0 and all(len(o.outputs[0].token_ids) == 6 for o in with_adapter)
+    qv = make_adapter(hf, tmp_path / "qv", AdapterSpec(rank=4, alpha=8, targets=("q_proj", "v_proj"), seed=0))
+    adapters = [*_lora_requests(llama_dir, tmp_path, (16, 8)), LoRARequest("qv", 9, str(qv))]
+    llm = LLM(model=llama_dir, dtype="float32", enable_lora=True, max_loras=4, max_lora_rank=16, max_num_seqs=16,
+              enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+    _assert_native_equals_per_op(llm, _prompts(3), params, min_taken=params.max_tokens - 1)
+    mixed = [adapters[0], None, adapters[1], adapters[2], adapters[0], adapters[1], None, adapters[2], adapters[0]]
+    prompts = _prompts(len(mixed), seed=5)
+    native = _assert_native_equals_per_op(llm, prompts, params, min_taken=params.max_tokens - 1,
+                                          lora_request=mixed)
+    # The adapters did change the outputs (the comparison above is not between two base runs).
+    base = llm.generate(prompts, params)
+    assert sum(a.outputs[0].token_ids != b.outputs[0].token_ids for a, b in zip(native, base)) >= 4
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_usable_blocks
+
+
+def test_with_lora_enabled_gemma3_adapter_rows_take_it(tmp_path):
+    # Gemma 3: o_proj's and down_proj's products land before their output norms.
+    model_dir = str(make_tiny_model(MODEL_CACHE / "native-decode-gemma3", GEMMA3))
+    adapters = _lora_requests(model_dir, tmp_path, (8, 4))
+    llm = LLM(model=model_dir, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=8,
+              enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=1)
+    mixed = [adapters[0], adapters[1], None, adapters[1], adapters[0]]
+    _assert_native_equals_per_op(llm, _prompts(len(mixed), seed=6), params, min_taken=params.max_tokens - 1,
+                                 lora_request=mixed)
 
 
 def test_prefill_steps_are_declined(llama_dir):
