@@ -6,6 +6,7 @@ of the same batch through four engines (five with --per-op), interleaved round b
     A'  PP=1, every core, the per-operation path (KVSERVE_CPU_DECODE_STEP=0: what a stage runs); --per-op
     B   PP=2, two micro-batches per step (the default: one per stage)
     C   PP=2, one micro-batch per step (no overlap between the stages)
+    D   TP=3, three ranks (SmolLM2's 9 heads take 3, not 2); --tp
 
     python loadtests/studies/parallel/pp_throughput.py [--model PATH] [--prompts 16] [--tokens 32] [--rounds 3]
 
@@ -33,11 +34,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
 
 
-def _engine(model: str, pp: int, env: dict[str, str], common: dict) -> LLM:
+def _engine(model: str, pp: int, env: dict[str, str], common: dict, tp: int = 1) -> LLM:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return LLM(model=model, pipeline_parallel_size=pp, **common)
+        return LLM(model=model, pipeline_parallel_size=pp, tensor_parallel_size=tp, **common)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-op", action="store_true", help="add A'")
+    parser.add_argument("--tp", action="store_true", help="add D (TP=3)")
     args = parser.parse_args()
     if args.model is None:
         from kvserve.backend.models import DEFAULT_CHAT_MODEL, ensure_known_model
@@ -69,6 +71,8 @@ def main() -> None:
         "B  PP=2, 2 micro-batches": (_engine(args.model, 2, {"KVSERVE_PP_MICRO_BATCHES": "2"}, common), cores // 2),
         "C  PP=2, 1 micro-batch": (_engine(args.model, 2, {"KVSERVE_PP_MICRO_BATCHES": "1"}, common), cores // 2),
     }
+    if args.tp:
+        engines["D  TP=3"] = (_engine(args.model, 1, {}, common, tp=3), max(1, cores // 3))
     prompts = [f"Item {i}: write one sentence about the number {i * 7}." for i in range(args.prompts)]
     params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     rates: dict[str, list[float]] = {k: [] for k in engines}
