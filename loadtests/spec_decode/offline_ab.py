@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--warmup-tokens", type=int, default=32,
+                    help="a warm-up run of the workload with this many output tokens per side, so the "
+                         "policy has fitted its costs (as a server has after its first minutes)")
     ap.add_argument("--json")
     args = ap.parse_args()
     model = str(ensure_known_model(DEFAULT_CHAT_MODEL))
@@ -65,8 +68,8 @@ def main() -> None:
     sides = args.sides.split(",")
     engines = {side: LLM(model=model, max_model_len=1024, num_kv_blocks=1024, max_num_seqs=args.max_num_seqs,
                          speculative_config=SIDES[side]) for side in sides}
-    for side, llm in engines.items():  # warm-up: a few requests each (the policy learns its lines)
-        llm.generate(prompts[:args.max_num_seqs], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    for side, llm in engines.items():  # warm-up: the policy learns its costs
+        llm.generate(prompts, SamplingParams(max_tokens=args.warmup_tokens, temperature=0, ignore_eos=True))
     rows: dict[str, list[dict]] = {side: [] for side in sides}
     for rnd in range(args.rounds):
         for side in (sides if rnd % 2 == 0 else list(reversed(sides))):
