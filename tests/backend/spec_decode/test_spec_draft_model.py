@@ -201,6 +201,19 @@ def test_the_rule_with_q_keeps_p_and_accepts_with_the_overlap():
     assert abs(accepted / n - overlap) < 0.015
 
 
+def test_the_target_as_its_own_draft_accepts_everything_when_sampling_too(engines):
+    """q = p (up to the rounding of another batch shape): min(1, p/q) accepts ~always. A q row
+    misaligned with its proposal (or p scaled differently from q) would reject most of them."""
+    _, same, _, _ = engines
+    before = (_counters(same).num_draft_tokens, _counters(same).num_accepted_tokens)
+    params = [SamplingParams(max_tokens=30, temperature=0.8, top_k=20, top_p=0.9, seed=i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    same.generate(PROMPTS, params)
+    drafted = _counters(same).num_draft_tokens - before[0]
+    accepted = _counters(same).num_accepted_tokens - before[1]
+    assert drafted > 50 and accepted >= 0.97 * drafted, (accepted, drafted)
+
+
 def test_seeded_sampling_with_a_draft_is_reproducible(engines):
     _, _, _, tempered = engines
     p = SamplingParams(max_tokens=30, temperature=0.8, top_k=20, seed=77, ignore_eos=True)
