@@ -23,7 +23,8 @@ from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache import KVCacheManager
 from kvserve.backend.lora import LoRAError, LoRARegistry, LoRARequest
-from kvserve.backend.spec_decode import Speculator, needs_position_state, parse_speculative_config, verify_proposals
+from kvserve.backend.spec_decode import (Speculator, load_draft, needs_position_state, parse_speculative_config,
+                                         verify_proposals, verify_with_draft_probs)
 from kvserve.backend.structured import GrammarCompiler, GrammarMatchers
 from kvserve.backend.worker import ModelRunner
 from kvserve.seam.error_wire import ErrorKind, invalid
@@ -80,8 +81,11 @@ class LLMEngine:
             self.runner.lora_lookup = self.loras.pinned
         self.sampler = Sampler()
         spec_config = parse_speculative_config(config.speculative_config)
-        self.speculator = None if spec_config is None else Speculator(spec_config, self.max_model_len,
-                                                                             config.max_num_batched_tokens)
+        self.speculator = None
+        if spec_config is not None:
+            draft = None if spec_config.method != "draft_model" else load_draft(
+                spec_config, config, self.runner, self.tokenizer, load_engine_tokenizer)
+            self.speculator = Speculator(spec_config, self.max_model_len, config.max_num_batched_tokens, draft)
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.matchers = GrammarMatchers(self.vocab_size)
         self.groups: dict[str, _Group] = {}
@@ -91,6 +95,7 @@ class LLMEngine:
         self.generation_tokens_total = 0
         # Inter-token gaps since the last stats() (which hands them on).
         self._inter_token_gaps: list[float] = []
+        self._verify_seconds = 0.0  # the last step's verification time (the speculation policy's)
 
     # ---- admission -------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | AdmittedPrompt, params: SamplingParams,
@@ -179,6 +184,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
+        if self.speculator is not None:  # the draft model's proposals, in the slots just allocated
+            self.speculator.fill(sched, self.scheduler.requests, self._draft_shape)
         if self.config.debug.log_scheduling:
             for rid in sched.new_request_ids:
                 log.info("request %s scheduled", rid)
@@ -189,9 +196,12 @@ class LLMEngine:
         logits, sample_ids = self.runner.execute(sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
         sampled, runs = self._sample(logits, sched, sample_ids, seqs)
-        if self.speculator is not None and _is_pure_decode(sched):
-            self.speculator.observe_step(sum(len(s.token_ids) for s in sched.scheduled),
-                                         time.perf_counter() - started)
+        if self.speculator is not None:
+            num_spec = sum(s.num_spec_tokens for s in sched.scheduled)
+            self.speculator.observe_verification(self._verify_seconds, num_spec)
+            if _is_pure_decode(sched):  # the forward and the plain sampling: verification is apart
+                self.speculator.observe_step(sum(len(s.token_ids) for s in sched.scheduled),
+                                             time.perf_counter() - started - self._verify_seconds, num_spec)
         accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []
         for seq, tok in zip(seqs, sampled):
@@ -248,6 +258,7 @@ class LLMEngine:
         verified proposals, the tokens of its run after that first one.
 
         A request with k proposals owns 1 + k consecutive logits rows; the others own one."""
+        self._verify_seconds = 0.0
         if not seqs:
             return [], {}
         verifying = {s.request_id: s for s in sched.scheduled if s.samples and s.num_spec_tokens}
@@ -265,22 +276,39 @@ class LLMEngine:
                     [sample_ids[i] for i in plain]))):
                 sampled[i] = tok
         runs: dict[str, list[SampledToken]] = {}
+        started = time.perf_counter()
         for i, rid in enumerate(sample_ids):
             k = num_spec.get(rid, 0)
             if not k:
                 continue
             seq, drafts = seqs[i], verifying[rid].token_ids[-k:]
             rows = logits[row_of[i]:row_of[i] + 1 + k]
+            greedy = seq.request.sampling_params.greedy
             if needs_position_state(seq.request.sampling_params) or rid in self.matchers:
+                # Exact for any proposals, a draft model's sampled ones too: each position's token is
+                # drawn from p itself, and the draft is only compared with it.
                 run = self._verify_per_position(seq, rows, drafts)
             else:
                 row = self._sampling_row(seq)
                 target = target_logits(rows, [row] * (1 + k))
-                run = [SampledToken(t) for t in verify_proposals(
-                    target, drafts, seq.request.sampling_params.greedy, lambda scaled, row=row: draw_row(scaled, row))]
+                q = None if greedy else self.speculator.draft_probs(rid)
+                if q is not None:  # a draft model's sampled proposals: min(1, p/q), residual max(0, p - q)
+                    run = [SampledToken(t) for t in verify_with_draft_probs(target, drafts, q, seq.generator)]
+                else:
+                    run = [SampledToken(t) for t in verify_proposals(
+                        target, drafts, greedy, lambda scaled, row=row: draw_row(scaled, row))]
             self.speculator.record(rid, len(drafts), len(run) - 1)
             sampled[i], runs[rid] = run[0], run[1:]
+        self._verify_seconds = time.perf_counter() - started
         return sampled, runs
+
+    def _draft_shape(self, request_id: str, logits):
+        """For the draft model: the logits a request's plain sampling would draw from (None for a
+        greedy request), and its generator."""
+        seq = self.sequences[request_id]
+        if seq.request.sampling_params.greedy:
+            return None, None
+        return target_logits(logits, [self._sampling_row(seq)]), seq.generator
 
     def _verify_per_position(self, seq: _Sequence, rows, drafts: list[int]) -> list[SampledToken]:
         """Verification for a request whose sampling depends on what it emitted so far: each
@@ -484,6 +512,8 @@ class LLMEngine:
             self.scheduler.finish_request(rid, RequestStatus.FINISHED_ERROR)
         self.kv.reset_prefix_cache()
         self.runner.reset_block_tables()
+        if self.speculator is not None:
+            self.speculator.reset()
         return outs
 
 

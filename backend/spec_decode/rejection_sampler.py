@@ -45,3 +45,35 @@ def verify_proposals(logits: torch.Tensor, drafts: list[int], greedy: bool, draw
             return run
     run.append(draw(logits[-1:]))
     return run
+
+
+def verify_with_draft_probs(target: torch.Tensor, drafts: list[int], q: torch.Tensor,
+                            generator: torch.Generator | None = None) -> list[int]:
+    """The rejection rule for proposals drawn from a known distribution q (a draft model's):
+    draft d_j ~ q_j is accepted with probability min(1, p_j(d_j) / q_j(d_j)); at the first
+    rejection the token is drawn from the normalised residual max(0, p_j - q_j), and after k
+    acceptances a bonus token is drawn from p_k. Each emitted token then has exactly the target's
+    distribution p (Leviathan et al. 2023; vLLM's rejection sampler), whatever q is.
+
+    `target` [k + 1, vocab]: temperature-scaled, filtered logits (`target_logits`); `q` [k, vocab]:
+    the draft's probabilities after the same scaling and filters. Random numbers come from the
+    request's generator when it has one, so a seeded request reproduces itself."""
+    p = target.double().softmax(dim=-1)
+    q = q.double()
+    run: list[int] = []
+    for j, draft in enumerate(drafts):
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        if u * float(q[j, draft]) <= float(p[j, draft]):
+            run.append(draft)
+            continue
+        residual = (p[j] - q[j]).clamp_min_(0.0)
+        total = float(residual.sum())
+        # p == q everywhere (up to rounding) cannot reject; if rounding did, p itself is the residual.
+        run.append(_draw_from(residual / total if total > 0 else p[j], generator))
+        return run
+    run.append(_draw_from(p[-1], generator))
+    return run
+
+
+def _draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))

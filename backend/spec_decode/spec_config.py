@@ -1,18 +1,20 @@
 """`--speculative-config`: vLLM's JSON object, checked once at start.
 
 A bad config is refused with a message naming the field (`speculative_config.<key>: ...`),
-so a typo never silently turns speculation off. `ngram` and `suffix` run; `draft_model` is
-vLLM's name for the method issue 32 plans next, refused by name until it exists.
+so a typo never silently turns speculation off. `ngram`, `suffix` and `draft_model` run; as in
+vLLM, a `"model"` without a `"method"` means `draft_model`. What needs the draft loaded (its
+tokenizer and vocabulary against the target's) is checked when the engine starts
+(draft_model.py `check_draft`).
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-METHODS_BUILT = ("ngram", "suffix")
-METHODS_PLANNED = ("draft_model",)
+METHODS_BUILT = ("ngram", "suffix", "draft_model")
 # k beyond this buys nothing on a CPU step and makes every rejected run costlier.
 MAX_SPECULATIVE_TOKENS = 16
 # kvserve's own key (vLLM has no such switch): "measured" grants proposals per step from the
@@ -23,6 +25,7 @@ _KEYS = {
     "suffix": ("method", "num_speculative_tokens", "suffix_decoding_max_tree_depth",
                "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                "suffix_decoding_min_token_prob", "load_policy"),
+    "draft_model": ("method", "model", "num_speculative_tokens", "load_policy"),
 }
 # vLLM caches 10,000 finished outputs by default; here a tree node is a Python object (~260 bytes,
 # and a 200-token output adds up to ~4,800 of them), so the default keeps a few hundred MB at most.
@@ -40,6 +43,7 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
     load_policy: str = "measured"
+    model: str | None = None  # draft_model: the draft's folder or .gguf file
 
 
 def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -54,11 +58,11 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
     if not isinstance(value, dict):
         raise ValueError(f"speculative_config: must be a JSON object, got {type(value).__name__}")
     method = value.get("method")
+    if method is None and value.get("model") is not None:
+        method = "draft_model"  # vLLM: a model whose method it cannot detect is a draft model
     built = ", ".join(METHODS_BUILT)
     if method is None:
         raise ValueError(f"speculative_config.method: required (one of: {built})")
-    if method in METHODS_PLANNED:
-        raise ValueError(f"speculative_config.method: {method!r} is not built yet (built: {built})")
     if method not in METHODS_BUILT:
         raise ValueError(f"speculative_config.method: unknown method {method!r} (one of: {built})")
     unknown = sorted(set(value) - set(_KEYS[method]))
@@ -70,6 +74,8 @@ def parse_speculative_config(value: dict[str, Any] | str | None) -> SpeculativeC
         raise ValueError(f"speculative_config.load_policy: must be one of {', '.join(LOAD_POLICIES)}, got {policy!r}")
     if method == "suffix":
         return _suffix_config(value, policy)
+    if method == "draft_model":
+        return _draft_config(value, policy)
     k = _int_in("num_speculative_tokens", value.get("num_speculative_tokens"), 1, MAX_SPECULATIVE_TOKENS)
     # vLLM's defaults: both 5 when neither is given, else the one missing equals the other.
     lo_raw, hi_raw = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
@@ -95,6 +101,17 @@ def _suffix_config(value: dict[str, Any], policy: str) -> SpeculativeConfig:
     return SpeculativeConfig("suffix", k, suffix_decoding_max_tree_depth=depth,
                              suffix_decoding_max_cached_requests=cached, suffix_decoding_max_spec_factor=factor,
                              suffix_decoding_min_token_prob=prob, load_policy=policy)
+
+
+def _draft_config(value: dict[str, Any], policy: str) -> SpeculativeConfig:
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("speculative_config.model: required for draft_model (the draft's folder or .gguf file)")
+    path = Path(model)
+    if not path.is_dir() and not (path.is_file() and path.suffix == ".gguf"):
+        raise ValueError(f"speculative_config.model: {model!r} is neither a model folder nor a .gguf file")
+    k = _int_in("num_speculative_tokens", value.get("num_speculative_tokens"), 1, MAX_SPECULATIVE_TOKENS)
+    return SpeculativeConfig("draft_model", k, load_policy=policy, model=model)
 
 
 def _float_in(name: str, value: Any, lo: float, hi: float, low_open: bool = False) -> float:

@@ -7,8 +7,10 @@ rather than importing the engine: the engine imports this package, not the other
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
+from kvserve.backend.spec_decode.draft_model import DraftModel
 from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
 from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
 from kvserve.backend.spec_decode.spec_policy import Grant, LoadPolicy
@@ -38,8 +40,13 @@ def needs_position_state(params) -> bool:
             or params.frequency_penalty != 0.0)
 
 
-def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:
-    """The method's proposer: `sync(running)` once a step, then `propose(request, k)` per request."""
+def make_proposer(config: SpeculativeConfig, draft: DraftModel | None = None) -> NgramProposer | SuffixProposer | DraftModel:
+    """The method's proposer: `sync(running)` once a step, then `propose(request, k)` per request
+    (the draft model's are placeholders until `Speculator.fill` runs it after the schedule)."""
+    if config.method == "draft_model":
+        if draft is None:
+            raise ValueError("speculative_config.model: the draft model was not loaded")
+        return draft
     if config.method == "suffix":
         return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
                               config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob)
@@ -47,48 +54,99 @@ def make_proposer(config: SpeculativeConfig) -> NgramProposer | SuffixProposer:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, max_num_batched_tokens: int,
+                 draft: DraftModel | None = None) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.proposer = make_proposer(config)
+        self.proposer = make_proposer(config, draft)
+        self.draft = draft
         self.counters = SpecDecodeCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         # "measured": the per-step grant of spec_policy.py; "off": every proposal is verified.
         self.policy = LoadPolicy() if config.load_policy == "measured" else None
         self.last_grant = Grant()
+        self.num_skipped_steps = 0  # steps the policy did not even run the proposer (tests, benchmarks)
+        self._draft_seconds = 0.0
 
     def propose(self, running) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
         left to compute), as many as the load policy grants. A proposer fault costs only this
         step's speculation, never a request."""
+        for req in running:
+            req.spec_token_ids = []
         try:
             self.proposer.sync(running)
-            for req in running:
+            decodes = [req for req in running if req.num_tokens - req.num_computed_tokens == 1]
+            if self.policy is not None:
+                self.policy.acceptance.forget({req.request_id for req in running})
+                base = self._base_tokens(running)
+                if not self.policy.worth_proposing([r.request_id for r in decodes], base,
+                                                   self.config.num_speculative_tokens):
+                    self.num_skipped_steps += 1
+                    self.last_grant = Grant({}, "a plain step is faster, proposer included: not proposing")
+                    return
+            started = time.perf_counter()
+            for req in decodes:
                 req.spec_token_ids = self._proposals(req)
             if self.policy is not None:
-                self._apply_policy(running)
+                self.policy.observe_proposer(time.perf_counter() - started, len(decodes),
+                                             sum(1 for req in decodes if req.spec_token_ids))
+                self._apply_policy(running, base)
         except Exception:  # noqa: BLE001 - any proposer fault: decode plainly this step
             self.counters.num_proposer_errors += 1
             log.exception("speculative proposer failed: this step decodes without proposals")
             for req in running:
                 req.spec_token_ids = []
 
-    def _apply_policy(self, running) -> None:
-        self.policy.acceptance.forget({req.request_id for req in running})
+    def _base_tokens(self, running) -> int:
         # The step's tokens without proposals: one per decode, and the prompt chunks still to run
         # (the budget caps them; waiting requests may add more, which only makes the step costlier).
-        left = [req.num_tokens - req.num_computed_tokens for req in running]
-        base = min(sum(n for n in left if n > 0), self.max_num_batched_tokens)
+        left = (req.num_tokens - req.num_computed_tokens for req in running)
+        return min(sum(n for n in left if n > 0), self.max_num_batched_tokens)
+
+    def _apply_policy(self, running, base: int) -> None:
         proposals = {req.request_id: len(req.spec_token_ids) for req in running if req.spec_token_ids}
-        self.last_grant = self.policy.grant(proposals, base, sum(1 for n in left if n == 1))
+        num_decodes = sum(1 for req in running if req.num_tokens - req.num_computed_tokens == 1)
+        self.last_grant = self.policy.grant(proposals, base, num_decodes)
         for req in running:
             if req.spec_token_ids:
                 del req.spec_token_ids[self.last_grant.num_tokens.get(req.request_id, 0):]
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """A pure-decode step's query tokens and wall time (forward + sampling), for the policy."""
+    def fill(self, sched, requests, shape) -> None:
+        """After the schedule: the draft model (if it is the method) replaces the placeholders of
+        the granted requests with its proposals. A draft fault leaves the placeholders, which
+        verification rejects like any wrong guess: the step stays exact."""
+        if self.draft is None:
+            return
+        started = time.perf_counter()
+        try:
+            self.draft.fill(sched, requests, shape)
+        except Exception:  # noqa: BLE001 - the placeholders stand: verification stays exact
+            self.counters.num_proposer_errors += 1
+            log.exception("draft model failed: this step verifies placeholder proposals")
+        self._draft_seconds += time.perf_counter() - started
+
+    def draft_probs(self, request_id: str):
+        """q [k, vocab] of this step's draft proposals for a sampled request, else None."""
+        return None if self.draft is None else self.draft.probs.get(request_id)
+
+    def reset(self) -> None:
+        """After a failed step (the engine failed every request)."""
+        if self.draft is not None:
+            self.draft.reset()
+
+    def observe_step(self, num_tokens: int, seconds: float, num_spec_tokens: int) -> None:
+        """A pure-decode step's query tokens and forward + plain sampling time, for the policy."""
         if self.policy is not None:
-            self.policy.observe_step(num_tokens, seconds)
+            self.policy.observe_step(num_tokens, seconds, num_spec_tokens)
+
+    def observe_verification(self, seconds: float, num_spec_tokens: int) -> None:
+        """The step's time spent on its proposals outside the forward: verification (given) and
+        the draft's forwards (timed in `fill`), per granted proposal."""
+        seconds += self._draft_seconds
+        self._draft_seconds = 0.0
+        if self.policy is not None and num_spec_tokens:
+            self.policy.observe_overhead(seconds, num_spec_tokens)
 
     def _proposals(self, req) -> list[int]:
         params = req.sampling_params

@@ -45,7 +45,7 @@ def test_off_by_default_and_when_empty(llama_dir):
 
 @pytest.mark.parametrize("value, field", [
     ({"method": "suffix", "suffix_decoding_min_token_prob": 2}, "speculative_config.suffix_decoding_min_token_prob"),
-    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "speculative_config.method"),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "speculative_config.model"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup": 3}, "speculative_config.prompt_lookup"),
     ({"method": "ngram", "num_speculative_tokens": 17}, "speculative_config.num_speculative_tokens"),
     ('{"method": "ngram"', "speculative_config"),

@@ -112,3 +112,83 @@ def test_load_policy_is_checked_at_start(llama_dir):
     off = LLM(model=llama_dir, max_model_len=128,
               speculative_config={"method": "suffix", "load_policy": "off"})
     assert off.engine.speculator.policy is None
+
+
+# ---- what speculation costs besides the forward (issue 32, item 2) ---------------------------
+def _costed(fixed: float, per_token: float, rate: float, plain=None, proposer: float = 0.0,
+            overhead: float = 0.0, explore_every: int = 64) -> LoadPolicy:
+    """`_policy`, plus injected measurements: `plain(n)` the cost of a step without proposals (the
+    native decode step on the CPU), `proposer` seconds per request looked at, `overhead` seconds
+    per granted proposal outside the forward (verification, a draft's forwards)."""
+    policy = _policy(fixed, per_token, rate, explore_every)
+    for n in (1, 2, 4, 8, 16, 32, 64) if plain else ():
+        for _ in range(3):
+            policy.plain.observe(n, plain(n))
+    policy.proposer.observe(proposer * 100, 100)
+    policy.overhead.observe(overhead * 100, 100)
+    return policy
+
+
+FULL = {f"r{i}": 4 for i in range(16)}
+
+
+def test_verification_cost_per_token_stops_a_grant_the_forward_alone_would_make():
+    # 30 ms + 2 ms a token: at 16 requests a proposal accepted 60% of the time beats the 0.52 the
+    # forward alone asks; 2 ms of verification per proposal doubles its cost and it no longer does.
+    forward_only = _costed(0.030, 0.002, rate=0.6).grant(FULL, base_tokens=16, num_decodes=16)
+    assert sum(forward_only.num_tokens.values()) > 0
+    costed = _costed(0.030, 0.002, rate=0.6, overhead=0.002).grant(FULL, base_tokens=16, num_decodes=16)
+    assert costed.num_tokens == {} and "costs more" in costed.reason
+
+
+def test_a_plain_step_that_is_cheaper_than_the_line_says_wins():
+    # Steps with proposals cost 50 ms + 1 ms a token (the per-op path); a step of one-token queries
+    # costs 20 ms + 1 ms a token (the native decode step). At 16 requests and 70% acceptance the
+    # line alone grants (35 tokens in 98 ms), but a plain step is faster (16 in 36 ms).
+    no_plain = _costed(0.050, 0.001, rate=0.7).grant(FULL, base_tokens=16, num_decodes=16)
+    assert sum(no_plain.num_tokens.values()) > 0
+    policy = _costed(0.050, 0.001, rate=0.7, plain=lambda n: 0.020 + 0.001 * n)
+    grant = policy.grant(FULL, base_tokens=16, num_decodes=16)
+    assert grant.num_tokens == {} and grant.reason == "a plain step is faster"
+    # At batch 1 the same costs still pay: 2.8 tokens expected in 55 ms against one in 21 ms.
+    assert policy.grant({"a": 4}, base_tokens=1, num_decodes=1).num_tokens == {"a": 4}
+
+
+def test_the_proposer_is_not_run_when_its_own_cost_makes_speculation_lose():
+    # At 16 requests, 60% acceptance: one proposal each brings 25.6 tokens in 94 ms against 16 in
+    # 62 ms, 5% more. 2 ms of lookup per request adds 32 ms a step: then speculation loses.
+    plain = lambda n: 0.030 + 0.002 * n  # noqa: E731 - the same line: no native jump here
+    ids = list(FULL)
+    assert _costed(0.030, 0.002, rate=0.6, plain=plain).worth_proposing(ids, base_tokens=16, k=4)
+    costly = _costed(0.030, 0.002, rate=0.6, plain=plain, proposer=0.002)
+    assert not costly.worth_proposing(ids, base_tokens=16, k=4)
+    # Likewise when only one request in four finds anything to propose.
+    rare = _costed(0.030, 0.002, rate=0.6, plain=plain)
+    rare.hit_rate = 0.25
+    assert not rare.worth_proposing(ids, base_tokens=16, k=4)
+    # At batch 1 on a weight-bound step the same proposer pays for itself.
+    one = _costed(0.040, 0.0005, rate=0.6, plain=lambda n: 0.040 + 0.0005 * n, proposer=0.002)
+    assert one.worth_proposing(["a"], base_tokens=1, k=4)
+
+
+def test_the_speculator_skips_the_proposer_and_explores_now_and_then():
+    from types import SimpleNamespace
+
+    from kvserve.backend.spec_decode import Speculator, parse_speculative_config
+
+    speculator = Speculator(parse_speculative_config({"method": "ngram", "num_speculative_tokens": 4}), 4096, 2048)
+    speculator.policy = _costed(0.030, 0.002, rate=0.6, plain=lambda n: 0.030 + 0.002 * n, proposer=0.004,
+                                explore_every=5)
+    calls = []
+    speculator.proposer = SimpleNamespace(sync=lambda running: None,
+                                          propose=lambda req, k: calls.append(req.request_id) or [7] * k)
+    params = SimpleNamespace(max_tokens=None)
+    running = [SimpleNamespace(request_id=f"r{i}", num_tokens=100, num_computed_tokens=99, num_output_tokens=10,
+                               sampling_params=params, spec_token_ids=[]) for i in range(16)]
+    granted = []
+    for _ in range(10):
+        speculator.propose(running)
+        granted.append(sum(len(r.spec_token_ids) for r in running))
+    # Four steps without even looking, then one exploring step (one proposal each), twice.
+    assert granted == [0, 0, 0, 0, 16] * 2
+    assert len(calls) == 32 and speculator.num_skipped_steps == 8
