@@ -142,24 +142,32 @@ def _response_header(key: tuple[Any, ...]) -> pb.ModelInferResponse:
     return header
 
 
-def encode_response(
-    response: InferenceResponse, *, model_name: str, model_version: str, request_id: str,
-    requested_outputs: frozenset[str] | None,
-) -> pb.ModelInferResponse:
-    """Serialise now: like Triton's send, later edits to the arrays are not seen."""
-    specs, payloads = [], []
+def output_payloads(response: InferenceResponse, requested_outputs: frozenset[str] | None):
+    """Each requested output tensor as (name, wire dtype, shape, raw bytes), in the response's order:
+    what both the message path and the streamed wire path (stream_wire.py) put on the wire."""
     for tensor in response.output_tensors():
         name = tensor.name()
         if requested_outputs is not None and name not in requested_outputs:
             continue
         array = tensor.as_numpy()
         dtype = wire_dtype_of(array)
-        specs.append((name, dtype, array.shape))
         if dtype == "BYTES":
             data = serialize_byte_tensor(array)
-            payloads.append(data if isinstance(data, bytes) else b"")
+            data = data if isinstance(data, bytes) else b""
         else:
-            payloads.append(array.tobytes(order="C"))
+            data = array.tobytes(order="C")
+        yield name, dtype, array.shape, data
+
+
+def encode_response(
+    response: InferenceResponse, *, model_name: str, model_version: str, request_id: str,
+    requested_outputs: frozenset[str] | None,
+) -> pb.ModelInferResponse:
+    """Serialise now: like Triton's send, later edits to the arrays are not seen."""
+    specs, payloads = [], []
+    for name, dtype, shape, data in output_payloads(response, requested_outputs):
+        specs.append((name, dtype, shape))
+        payloads.append(data)
     out = pb.ModelInferResponse()
     out.CopyFrom(_response_header((model_name, model_version, tuple(specs))))
     out.id = request_id

@@ -24,9 +24,8 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
 
-from ..pb_utils.dtypes import serialize_byte_tensor, wire_dtype_of
 from ..pb_utils.response import InferenceResponse
-from .codec import encode_response
+from .codec import encode_response, output_payloads
 
 FINAL_PARAM = "triton_final_response"
 _LEN = 2  # wire type of strings, bytes and messages
@@ -95,18 +94,8 @@ def encode_stream_response(response: InferenceResponse, *, model_name: str, mode
         message.parameters[FINAL_PARAM].bool_param = final
         return pb.ModelStreamInferResponse(infer_response=message).SerializeToString()
     specs, parts = [], [id_wire, _FINAL[final]]
-    for tensor in response.output_tensors():
-        name = tensor.name()
-        if requested_outputs is not None and name not in requested_outputs:
-            continue
-        array = tensor.as_numpy()
-        dtype = wire_dtype_of(array)
-        specs.append((name, dtype, array.shape))
-        if dtype == "BYTES":
-            data = serialize_byte_tensor(array)
-            data = data if isinstance(data, bytes) else b""
-        else:
-            data = array.tobytes(order="C")
+    for name, dtype, shape, data in output_payloads(response, requested_outputs):
+        specs.append((name, dtype, shape))
         parts.append(_RAW + _varint(len(data)) + data)
     body = b"".join(parts)
     return _header((model_name, model_version, tuple(specs))) + _INFER_RESPONSE + _varint(len(body)) + body
