@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.test_tensor_parallel_serve import QUESTIONS, WORKER, _client, _serve
 from tests.serve_process import REPO
+from tests.utils.processes import kill_process_group
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -58,14 +59,6 @@ def _ranks(port: int) -> list[int]:
     return pids
 
 
-def _kill_tree(node: subprocess.Popen) -> None:
-    try:
-        os.killpg(node.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    node.wait(10)
-
-
 def _answers(client) -> list[str]:
     # Two short answers: enough to see every rank's shard at work, in the few minutes CI can spare.
     return [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": q}], temperature=0,
@@ -93,7 +86,7 @@ def test_tp3_across_two_nodes_answers_as_tp1_and_dies_with_the_other_node(real_m
                     pass
             assert head.wait(timeout=60) != 0
     finally:
-        _kill_tree(node)
+        kill_process_group(node)
     deadline = time.monotonic() + 10
     while _ranks(port) and time.monotonic() < deadline:
         time.sleep(0.1)

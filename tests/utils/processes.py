@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -84,3 +85,12 @@ def run_host(engine_env: dict[str, str], repository: Path = MODEL_REPOSITORY, ti
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started with start_new_session=True and everything in its group, then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)

@@ -128,7 +128,7 @@ _HEADER_CACHE: dict[tuple[Any, ...], pb.ModelInferResponse] = {}
 _HEADER_CACHE_MAX = 512
 
 
-def _response_header(key: tuple[Any, ...]) -> pb.ModelInferResponse:
+def response_header(key: tuple[Any, ...]) -> pb.ModelInferResponse:
     """A response with model name/version and the output specs of `key`, no data."""
     header = _HEADER_CACHE.get(key)
     if header is None:
@@ -169,7 +169,7 @@ def encode_response(
         specs.append((name, dtype, shape))
         payloads.append(data)
     out = pb.ModelInferResponse()
-    out.CopyFrom(_response_header((model_name, model_version, tuple(specs))))
+    out.CopyFrom(response_header((model_name, model_version, tuple(specs))))
     out.id = request_id
     out.raw_output_contents.extend(payloads)
     parameters = response.parameters()

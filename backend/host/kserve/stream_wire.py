@@ -25,7 +25,7 @@ from typing import Any
 from tritonclient.grpc import service_pb2 as pb
 
 from ..pb_utils.response import InferenceResponse
-from .codec import encode_response, output_payloads
+from .codec import encode_response, output_payloads, response_header
 
 FINAL_PARAM = "triton_final_response"
 _LEN = 2  # wire type of strings, bytes and messages
@@ -66,11 +66,7 @@ _HEADERS_MAX = 512
 def _header(key: tuple[Any, ...]) -> bytes:
     wire = _HEADERS.get(key)
     if wire is None:
-        model_name, model_version, specs = key
-        header = pb.ModelInferResponse(model_name=model_name, model_version=model_version)
-        for name, datatype, shape in specs:
-            header.outputs.add(name=name, datatype=datatype, shape=shape)
-        wire = pb.ModelStreamInferResponse(infer_response=header).SerializeToString()
+        wire = pb.ModelStreamInferResponse(infer_response=response_header(key)).SerializeToString()
         if len(_HEADERS) >= _HEADERS_MAX:  # many distinct shapes: start over rather than grow
             _HEADERS.clear()
         _HEADERS[key] = wire

@@ -22,6 +22,7 @@ from kvserve.backend.worker.parallel.rendezvous import ranks_of_node
 from kvserve.frontend.cli.engine_flags import engine_env
 from kvserve.frontend.cli.serve_cmd import build_parser as serve_parser
 from kvserve.frontend.cli.serve_cmd import main as serve_main
+from tests.utils.processes import kill_process_group
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,14 +45,6 @@ def _node(port: int, model: str, world_size: int = 2, node_rank: int = 1) -> sub
                              # One machine plays both nodes: this one leaves the head its cores.
                              "--cpu-reserved-cores", str(len(os.sched_getaffinity(0)) - 1)],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _kill_tree(node: subprocess.Popen) -> None:
-    try:
-        os.killpg(node.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    node.wait(10)
 
 
 def _tree_pids(node: subprocess.Popen) -> list[int]:
@@ -115,7 +108,7 @@ def test_tp2_across_two_nodes_equals_tp1(llama_dir):
         llm.engine.runner.close()
         assert node.wait(30) == 0  # the head's stop reaches the other node's ranks: its launcher exits 0
     finally:
-        _kill_tree(node)
+        kill_process_group(node)
 
 
 def test_a_node_that_never_comes_fails_the_start_with_its_command(llama_dir, monkeypatch):
@@ -137,7 +130,7 @@ def test_a_node_started_for_another_world_is_refused(llama_dir, monkeypatch):
         assert node.wait(30) != 0
         assert "rank 2 refused" in node.stderr.read()
     finally:
-        _kill_tree(node)
+        kill_process_group(node)
 
 
 @pytest.fixture()
@@ -152,7 +145,7 @@ def two_node_engine(llama_dir, monkeypatch):
     yield eng, node
     eng.shutdown()
     eng.engine.runner.close(graceful=False)
-    _kill_tree(node)
+    kill_process_group(node)
 
 
 def test_killing_the_other_node_mid_stream_stops_the_engine(two_node_engine):
