@@ -4,7 +4,8 @@
 
 Serving (one `kvserve serve` on the default model, or --base-url), three arms of 16 concurrent
 chat streams, each stream max_tokens long (ignore_eos; a constrained stream's schema asks for a
-string longer than that, so every stream runs to max_tokens):
+string of 8 characters per token, more than a story's tokens average, so every stream runs to
+max_tokens; min_tokens in the results shows it did):
     free16     16 unconstrained
     mixed15+1  15 unconstrained + 1 constrained (goal: the 15 lose at most 10 % beside it)
     json16     16 constrained
@@ -34,8 +35,17 @@ from kvserve.loadtests.studies.structured_schemas import SCHEMAS
 
 ARMS = {"free16": 0, "mixed15+1": 1, "json16": 16}  # arm -> constrained streams of 16
 STREAMS = 16
-LONG = {"type": "object", "properties": {"story": {"type": "string", "minLength": 4000}},
-        "required": ["story"], "additionalProperties": False}
+CHARS_PER_TOKEN = 8  # above what a story's tokens average, so the string outlasts max_tokens
+
+
+def long_schema(max_tokens: int) -> dict:
+    """A schema whose one string outlasts the stream. Sized to the run, not fixed: xgrammar's
+    compile time grows with the square of minLength (4,000 took 8-10 s on a 2-core machine without
+    AVX-512, past the engine's 10 s compile bound, where 1,024 takes 0.5 s)."""
+    story = {"type": "string", "minLength": max(64, CHARS_PER_TOKEN * max_tokens)}
+    return {"type": "object", "properties": {"story": story}, "required": ["story"],
+            "additionalProperties": False}
+
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper, as JSON."}]
 
 
@@ -44,7 +54,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, model: str, max_toke
     body = {"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0.7, "seed": 1,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if constrained:
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story", "schema": LONG}}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "story",
+                                                                    "schema": long_schema(max_tokens)}}
     tokens = 0
     async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
