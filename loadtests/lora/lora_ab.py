@@ -45,6 +45,7 @@ from kvserve.loadtests.bench.client import EndpointConfig
 from kvserve.loadtests.bench.report import write_json
 from kvserve.loadtests.bench.runner import LoadConfig, run_load
 from kvserve.loadtests.compare.baseline_kvserve import ServeProcess
+from kvserve.loadtests.compare.peers.peer_run import peer_arg
 
 ADAPTER_COUNTS = (0, 1, 4, 8)
 _PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
@@ -97,13 +98,9 @@ def measure(url: str, models: list[str], requests: list[BenchRequest], concurren
             "output_tokens": float(metrics.total_output_tokens)}
 
 
-def _peer_arms(spec: str, names: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """NAME=URL -> the peer's arms: its base model (the /v1/models entry without a parent) and
-    the adapters by the names this script gives them."""
-    name, sep, url = spec.partition("=")
-    if not sep:
-        raise SystemExit(f"lora_ab: --peer {spec!r}: expected NAME=URL")
-    url = url.rstrip("/")
+def _peer_arms(name: str, url: str, names: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """A peer's arms: its base model (the /v1/models entry without a parent) and the adapters by
+    the names this script gives them."""
     with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as resp:
         listed = json.load(resp)["data"]
     base = next(m["id"] for m in listed if not m.get("parent"))
@@ -147,8 +144,8 @@ def run(opts: argparse.Namespace) -> dict[str, object]:
         served, _ = _requests(base.base_url, opts, opts.seed)
         arms = {"base": (base.base_url, [served]), "lora0": (lora.base_url, [served])}
         arms |= {f"lora{k}": (lora.base_url, names[:k]) for k in ADAPTER_COUNTS if k}
-        for peer in opts.peer:
-            arms |= _peer_arms(peer, names)
+        for peer_name, peer_url in opts.peer:
+            arms |= _peer_arms(peer_name, peer_url, names)
         # Warm-up: every server and adapter once (slots filled, lazy set-up done), unmeasured.
         _, warm = _requests(base.base_url, opts, opts.seed + 10_000)
         most = f"lora{max(ADAPTER_COUNTS)}"
@@ -197,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
     p.add_argument("--adapters-dir", default=None, help="write the adapters here and keep them (default: a temporary folder)")
     p.add_argument("--write-adapters-only", action="store_true", help="write them to --adapters-dir and exit")
-    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+    p.add_argument("--peer", action="append", default=[], type=peer_arg, metavar="NAME=URL",
                    help="a running server with the base model and the adapters lora0..lora7 (see above)")
     return p
 

@@ -33,6 +33,7 @@ from kvserve.loadtests.bench.client import EndpointConfig
 from kvserve.loadtests.bench.datasets import RandomDataset
 from kvserve.loadtests.bench.prompt_builder import WordPromptBuilder
 from kvserve.loadtests.bench.runner import LoadConfig, run_load
+from kvserve.loadtests.compare.peers.peer_run import peer_arg
 
 MODEL = "SmolLM2-135M-Instruct"
 SIDES = {
@@ -187,15 +188,14 @@ def main() -> None:
     ap.add_argument("--random-output-len", type=int, default=64)
     ap.add_argument("--json", default="spec_bench.json")
     ap.add_argument("--log-dir", default="/tmp")
-    ap.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+    ap.add_argument("--peer", action="append", default=[], type=peer_arg, metavar="NAME=URL",
                     help="a running server to add as a side (llama-server, vLLM-CPU): see above")
     args = ap.parse_args()
     urls = {side: f"http://127.0.0.1:{args.base_port + i}" for i, side in enumerate(SIDES)}
-    for peer in args.peer:
-        name, sep, url = peer.partition("=")
-        if not sep or name in urls:
-            ap.error(f"--peer {peer!r}: expected NAME=URL with a NAME other than {', '.join(urls)}")
-        urls[name] = url.rstrip("/")
+    for name, url in args.peer:
+        if name in urls:
+            ap.error(f"--peer {name}: a NAME other than {', '.join(urls)}")
+        urls[name] = url
     procs = [start(side, args.base_port + i, args.log_dir) for i, side in enumerate(SIDES)]
     try:
         for i, _ in enumerate(SIDES):

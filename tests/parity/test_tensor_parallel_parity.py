@@ -15,15 +15,14 @@ instead (a sharding mistake is off by whole units), and to 1e-5 of the logits' s
 (it holds 1e-4 absolute on the tiny models, tests/backend/worker/parallel/)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
-
-from pathlib import Path
-
 import torch
 
 from kvserve.backend import LLM
-from tests.backend.worker.parallel.tp_compare import Run, compare, greedy_run
-from tests.parity.test_real_model_parity import MAX_NEW, prompts  # noqa: F401 (a fixture)
+from tests.backend.worker.parallel.tp_compare import Run, compare, first_differences, greedy_run
+from tests.parity.test_real_model_parity import MAX_NEW, hf_model, prompts  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -38,7 +37,7 @@ def test_tp2_is_refused_naming_the_nine_heads(real_model_path):
         "tensor_parallel_size: 2 does not divide the model's 9 attention (query) heads"), err.value
 
 
-def test_tp3_against_tp1(real_model_path, prompts):  # noqa: F811
+def test_tp3_against_tp1(real_model_path, prompts, hf_model):  # noqa: F811
     base = greedy_run(LLM(model=real_model_path, **ARGS), prompts, MAX_NEW)
     llm = LLM(model=real_model_path, tensor_parallel_size=3, **ARGS)
     try:
@@ -52,19 +51,11 @@ def test_tp3_against_tp1(real_model_path, prompts):  # noqa: F811
           f"(logits up to {result.max_abs_logit:.3g})")
     assert result.max_logit_diff < 1e-5 * result.max_abs_logit, result
     assert result.agreeing >= len(prompts) - 1, result
-    exact = _float64_model(real_model_path)
+    exact = copy.deepcopy(hf_model).double()  # transformers on the same GGUF, widened to float64
     tp1_error = _error_against_float64(exact, prompts, base, run)
     tp3_error = _error_against_float64(exact, prompts, run, base)
     print(f"against float64: TP=1 off by {tp1_error:.3g}, TP=3 by {tp3_error:.3g}")
     assert tp3_error <= 1.25 * tp1_error, (tp1_error, tp3_error)
-
-
-def _float64_model(model_path: str):
-    """transformers on the same GGUF, dequantized and then widened to float64."""
-    from transformers import AutoModelForCausalLM
-    path = Path(model_path)
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                dtype=torch.float32).double().eval()
 
 
 def _error_against_float64(exact, prompts, run: Run, other: Run) -> float:
@@ -72,9 +63,8 @@ def _error_against_float64(exact, prompts, run: Run, other: Run) -> float:
     and `other` part (the same positions compare() covers), the float64 model teacher-forced on
     `run`'s tokens."""
     worst = 0.0
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, first) in enumerate(zip(prompts, first_differences(run, other))):
         tokens = run.tokens[i]
-        first = next((k for k, (a, b) in enumerate(zip(tokens, other.tokens[i])) if a != b), None)
         x = torch.tensor([prompt + tokens[:-1]])
         with torch.inference_mode():
             logits = exact(input_ids=x).logits[0, len(prompt) - 1:]

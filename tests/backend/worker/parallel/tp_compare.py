@@ -47,8 +47,13 @@ class Comparison:
     max_abs_logit: float  # the scale the difference is measured against (float32: eps times this)
 
 
+def first_differences(a: Run, b: Run) -> list[int | None]:
+    """Per prompt, the first position where the two runs' tokens part (None: identical)."""
+    return [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) for ta, tb in zip(a.tokens, b.tokens)]
+
+
 def compare(a: Run, b: Run) -> Comparison:
-    firsts = [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) for ta, tb in zip(a.tokens, b.tokens)]
+    firsts = first_differences(a, b)
     parted = [f for f in firsts if f is not None]
     first = min(parted) if parted else None
     # After a token parts, the two runs continue from different contexts: nothing to compare.
