@@ -9,8 +9,11 @@ next one still runs):
   kernel_tests  tests/kernels on CUDA (TRITON_INTERPRET unset, so tests/kernels/conftest.py picks CUDA)
   parity        tests/parity: greedy tokens against transformers (fp32) and logits in fp32 and bf16
                 (tests/parity/test_triton_logits.py states the tolerances), attention_backend=triton
+  engine_tests  speculative decoding (greedy exact against plain decoding, seeded sampling, grammars),
+                fp8/bf16 KV caches and LoRA through the engine on CUDA (ENGINE_TESTS; gpu_engine_plugin.py)
   kernel_bench  loadtests/gpu/kernel_bench.py: decode attention at batch 1/8/64 x context 1k/8k/32k, paged
-                against contiguous, as a fraction of the measured device-to-device copy bandwidth
+                against contiguous, as a fraction of the measured device-to-device copy bandwidth; the same
+                kernel over fp8 and float32 KV caches against bf16
   serving       loadtests/gpu/gpu_serving.py: kvserve serve on random SmolLM2- and Llama-3-1B-shaped models
                 in bf16, kvserve bench at concurrency 1/16/64/256 beside transformers, and CUDA
                 graphs on against off (--enforce-eager) on the first model
@@ -36,7 +39,12 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-BUDGET_S = {"kernel_tests": 90, "parity": 60, "kernel_bench": 50, "serving": 180}
+BUDGET_S = {"kernel_tests": 90, "parity": 60, "engine_tests": 150, "kernel_bench": 60, "serving": 130}
+# The engine stage: speculative decoding (every method), the KV cache dtypes and LoRA through the engine on
+# CUDA with the Triton kernels. Not the real-model cases: SmolLM2's 94 MiB GGUF cannot travel to the GPU
+# machine (64 MiB a call) and it has no network to fetch it.
+ENGINE_TESTS = ["tests/backend/spec_decode", "tests/backend/engine/test_kv_cache_dtype.py", "tests/backend/lora"]
+ENGINE_TEST_SELECTION = ["-m", "not slow", "-k", "not real_model", "-p", "kvserve.loadtests.gpu.gpu_engine_plugin"]
 STAGES = ("install", *BUDGET_S)
 # Modules whose import proves the bundle complete: the engine, the host, the gateway, the kernels, tracing.
 IMPORTS = ("kvserve.backend.engine.engine", "kvserve.backend.host.kserve.grpc_service", "kvserve.frontend.http.app",
@@ -161,10 +169,11 @@ class Check:
         doc.update(ok=not problems, problems=problems)
         return doc
 
-    def _pytest(self, name: str, paths: list[str]) -> dict:
+    def _pytest(self, name: str, paths: list[str], selection: list[str] = ()) -> dict:
         xml = self.work / f"{name}.xml"
         xml.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", f"--junitxml={xml}", *paths]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", f"--junitxml={xml}", *paths,
+               *selection]
         if self.args.pytest_k:
             cmd += ["-k", self.args.pytest_k]
         if self.cuda and _has("xdist"):
@@ -189,6 +198,9 @@ class Check:
         finally:
             sys.path.remove(str(self.repo))
         return doc
+
+    def engine_tests(self) -> dict:
+        return self._pytest("engine_tests", ENGINE_TESTS, ENGINE_TEST_SELECTION)
 
     def kernel_bench(self) -> dict:
         path = self.work / "kernel_bench.json"
@@ -274,7 +286,7 @@ def _has(module: str) -> bool:
 def targets(results: dict[str, dict]) -> dict[str, dict]:
     """The issue's targets, each with the figures it was judged on (None: the stage did not give them)."""
     out: dict[str, dict] = {}
-    for name in ("kernel_tests", "parity"):
+    for name in ("kernel_tests", "parity", "engine_tests"):
         if name in results:
             r = results[name]
             out[f"{name}_pass"] = {"met": r["ok"], "passed": r.get("passed"), "failed": r.get("failures"),
@@ -289,6 +301,12 @@ def targets(results: dict[str, dict]) -> dict[str, dict]:
         out["paged_at_most_1.25x_contiguous"] = {
             "met": all(r["paged_over_contiguous"] <= 1.25 for r in rows),
             "ratios": {f"B{r['batch']}_ctx{r['context']}": round(r["paged_over_contiguous"], 3) for r in rows}}
+    kv_rows = [r for r in bench.get("kv_dtypes", []) if "error" not in r]
+    if kv_rows:  # --kv-cache-dtype fp8 on the Triton decode kernel: a figure the issue asks for, no threshold here
+        key = next(k for k in kv_rows[0] if k.startswith("paged_over_same_case_in_"))
+        out["kv_cache_dtype_decode_time_over_model_dtype"] = {
+            "met": True, "ratios": {f"{r['kv_dtype']}_B{r['batch']}_ctx{r['context']}": round(r[key], 3)
+                                    for r in kv_rows}}
     for model in results.get("serving", {}).get("models", []):
         runs = model.get("runs", {})
         d = {c: r["output_tok_s"].get("d") for c, r in runs.items() if "output_tok_s" in r}

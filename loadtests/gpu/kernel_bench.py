@@ -77,7 +77,7 @@ def _copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
     return 2 * nbytes / timer(lambda: dst.copy_(src))
 
 
-def _decode_case(device, timer, dtype, shapes: Shapes, batch, context, copy_bw) -> dict:
+def _decode_case(device, timer, dtype, shapes: Shapes, batch, context, copy_bw, kv_dtype=None) -> dict:
     from kvserve.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention_triton
     from kvserve.kernels._triton_utils import num_sms
 
@@ -86,8 +86,9 @@ def _decode_case(device, timer, dtype, shapes: Shapes, batch, context, copy_bw) 
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
     shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.randn(shape, dtype=dtype, device=device)
-    value_cache = torch.randn(shape, dtype=dtype, device=device)
+    kv_dtype = kv_dtype or dtype  # fp8 caches hold randn's values rounded (scale 1.0, as kv_quant.py stores them)
+    key_cache = torch.randn(shape, dtype=dtype, device=device).to(kv_dtype)
+    value_cache = torch.randn(shape, dtype=dtype, device=device).to(kv_dtype)
     query = torch.randn(batch, num_heads, head_size, dtype=dtype, device=device)
     out = torch.empty_like(query)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
@@ -114,10 +115,10 @@ def _decode_case(device, timer, dtype, shapes: Shapes, batch, context, copy_bw) 
         t_sdpa = float("nan")
 
     elt = query.element_size()
-    nbytes = 2 * batch * context * num_kv_heads * head_size * elt + 2 * query.numel() * elt
+    nbytes = 2 * batch * context * num_kv_heads * head_size * key_cache.element_size() + 2 * query.numel() * elt
     bw = nbytes / t_paged
     return {
-        "batch": batch, "context": context,
+        "batch": batch, "context": context, "kv_dtype": str(kv_dtype).removeprefix("torch."),
         "num_splits": choose_num_splits(batch, num_kv_heads, context, num_sms(device)),
         "paged_us": t_paged * 1e6, "contiguous_us": t_flat * 1e6, "sdpa_contiguous_us": t_sdpa * 1e6,
         "paged_over_contiguous": t_paged / t_flat, "paged_over_sdpa": t_paged / t_sdpa,
@@ -195,7 +196,32 @@ def run(device: torch.device, timer: Timer, dtype: torch.dtype, batches, context
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the 64 x 32k case alone holds ~8.6 GB of KV
     return {"shapes": asdict(shapes), "copy_GBps": copy_bw / 1e9, "decode": decode,
+            "kv_dtypes": _kv_dtype_cases(device, timer, dtype, shapes, decode, copy_bw),
             "kernels": _other_kernels(device, timer, dtype, shapes)}
+
+
+KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float32)
+
+
+def _kv_dtype_cases(device, timer, dtype, shapes: Shapes, decode: list[dict], copy_bw) -> list[dict]:
+    """--kv-cache-dtype on the Triton decode kernel: the same cases at the longest contexts over fp8 and
+    float32 caches, each timed against the `dtype` (bf16) cache of the same case. Memory-bound decode
+    should take about the bytes' ratio: 0.5x for fp8 against bf16."""
+    longest = sorted({row["context"] for row in decode})[-2:]
+    rows = []
+    for base in (row for row in decode if row["context"] in longest):
+        for kv_dtype in KV_DTYPES:
+            try:
+                row = _decode_case(device, timer, dtype, shapes, base["batch"], base["context"], copy_bw, kv_dtype)
+            except Exception as exc:  # noqa: BLE001 - a cache dtype the kernel refuses is a finding to report
+                rows.append({"batch": base["batch"], "context": base["context"],
+                             "kv_dtype": str(kv_dtype).removeprefix("torch."), "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            row["paged_over_same_case_in_" + str(dtype).removeprefix("torch.")] = row["paged_us"] / base["paged_us"]
+            rows.append(row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
 
 
 def _wall_timer(fn) -> float:
@@ -219,6 +245,12 @@ def _print(results: dict, device_name: str, dtype: torch.dtype) -> None:
         print(f"  B={r['batch']:<3} ctx={r['context']:<6} {r['num_splits']:>4} {r['paged_us']:>9.1f} "
               f"{r['contiguous_us']:>10.1f} {r['sdpa_contiguous_us']:>8.1f} {r['paged_over_contiguous']:>13.2f} "
               f"{r['paged_over_sdpa']:>11.2f} {r['bandwidth_GBps']:>6.0f} {r['fraction_of_copy']:>8.0%}")
+    base = "paged_over_same_case_in_" + str(dtype).removeprefix("torch.")
+    print(f"\nKV cache dtype         paged us   GB/s  of copy  over {str(dtype).removeprefix('torch.')} KV")
+    for r in results.get("kv_dtypes", []):
+        head = f"  B={r['batch']:<3} ctx={r['context']:<6} {r['kv_dtype']:<14}"
+        print(head + (f" {r['error'][:80]}" if "error" in r else
+                      f" {r['paged_us']:>9.1f} {r['bandwidth_GBps']:>6.0f} {r['fraction_of_copy']:>8.0%} {r[base]:>8.2f}x"))
     print("\nkernel               triton us   torch us   speedup")
     for r in results["kernels"]:
         print(f"  {r['kernel']:<18} {r['triton_us']:>9.1f} {r['torch_us']:>10.1f} {r['speedup']:>8.2f}x")
