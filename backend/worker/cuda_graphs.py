@@ -61,19 +61,24 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(top, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(top, width, dtype=torch.int32, device=device)
-        query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
-        rows = torch.arange(top, dtype=torch.int64, device=device)
+        # A graph reads its inputs at the addresses they had at capture and holds no reference to
+        # them: every tensor the captured forward reads must live as long as the graphs. Two of them
+        # were once locals here; freed after start-up, their memory went to other tensors and each
+        # replay gathered the logits' rows at whatever indices lay there (a device-side assert on
+        # the first replayed decode step, found by the first GPU run).
+        self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
+        self.rows = torch.arange(top, dtype=torch.int64, device=device)
         capture = capture or cuda_capture(torch.cuda.graph_pool_handle())
         self._replay: dict[int, Forward] = {}
         t = time.perf_counter()
         for size in reversed(sizes):  # largest first: the smaller graphs fit in the memory it pooled
             meta = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
-                seq_lens=self.seq_lens[:size], query_start_loc=query_start_loc[:size + 1],
+                seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1],
                 max_seq_len=max_model_len, max_query_len=1, decode_only=True)
 
             def forward(size=size, meta=meta) -> torch.Tensor:
-                return model(ops, self.input_ids[:size], self.positions[:size], kv_caches, meta, rows[:size])
+                return model(ops, self.input_ids[:size], self.positions[:size], kv_caches, meta, self.rows[:size])
             self._replay[size] = capture(forward)
         log.info("CUDA graphs: %d decode batch sizes captured (%s) in %.1fs; --enforce-eager turns them off",
                  len(sizes), ",".join(map(str, sizes)), time.perf_counter() - t)

@@ -6,6 +6,9 @@ are checked against the eager step without a GPU (the GPU check runs the real gr
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -68,3 +71,42 @@ def test_static_buffer_decode_equals_the_eager_step(llama_dir, backend):
     small = SchedulerOutput([ScheduledRequest("r0", [7], 9, [[]], True)])
     torch.testing.assert_close(graphs.run(*runner._prepare(small)[:4]), runner.execute(small)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def _tensors_in(value, seen: set[int]) -> list[torch.Tensor]:
+    """Every tensor reachable from a closure's cells (through functions, metadata and sequences)."""
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if callable(value) and getattr(value, "__closure__", None) is not None:
+        found = []
+        for cell in value.__closure__:
+            found += _tensors_in(cell.cell_contents, seen)
+        for default in value.__defaults__ or ():
+            found += _tensors_in(default, seen)
+        return found
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors_in(item, seen)]
+    if hasattr(value, "__dataclass_fields__"):
+        return [t for name in value.__dataclass_fields__ for t in _tensors_in(getattr(value, name), seen)]
+    return []
+
+
+def test_every_tensor_a_captured_forward_reads_outlives_start_up(llama_dir):
+    """A CUDA graph keeps the addresses of what it read at capture, not references: the graphs must
+    hold each such tensor themselves. This capture keeps only weak references, as a real one does."""
+    runner = ModelRunner(EngineConfig(model=llama_dir, num_kv_blocks=24, block_size=4, max_model_len=64))
+    kept: list[weakref.ref] = []
+
+    def capture(forward):
+        forward()
+        kept.extend(weakref.ref(t) for t in _tensors_in(forward, set()) if t.numel())
+        return lambda: None
+
+    graphs = DecodeGraphs(runner.model, runner.ops, runner.kv_caches, (1, 2, 4), runner.max_model_len,
+                          runner.block_size, runner.device, capture=capture)
+    gc.collect()
+    assert kept and all(ref() is not None for ref in kept), "a tensor the captured forward reads was freed"
+    assert graphs.rows.numel() == 4
