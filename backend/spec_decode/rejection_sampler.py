@@ -62,7 +62,8 @@ def verify_with_draft_probs(target: torch.Tensor, drafts: list[int], q: torch.Te
     q = q.double()
     run: list[int] = []
     for j, draft in enumerate(drafts):
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        # On the target's device: a seeded request's generator lives there (a CUDA one on a GPU).
+        u = float(torch.rand((), generator=generator, dtype=torch.float64, device=p.device))
         if u * float(q[j, draft]) <= float(p[j, draft]):
             run.append(draft)
             continue
