@@ -20,9 +20,9 @@ next one still runs):
 
 Without CUDA every stage runs its CPU fallback instead (the Triton interpreter, tiny shapes,
 a tiny model): that is the dry run, proving the plumbing where no GPU is. OUT_DIR gets
-install.json, kernel_tests.json, parity.json, kernel_bench.json, serving.json, summary.json
-(the issue's targets, each with its figure) and logs.tar.gz (logs, JUnit XML, every bench
-JSON): seven files, as few as the GPU machine's return path takes.
+install.json, kernel_tests.json, parity.json, engine_tests.json, kernel_bench.json, serving.json,
+summary.json (the issue's targets, each with its figure) and logs.tar.gz (logs, JUnit XML, every
+bench JSON): eight files, the most the GPU machine's return path takes.
 """
 from __future__ import annotations
 

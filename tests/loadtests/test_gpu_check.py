@@ -176,21 +176,24 @@ def test_cpu_dry_run_of_every_stage(tmp_path):
     """gpu_check.py's stages on their CPU fallbacks, a few kernel and parity tests, the smoke serving run."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kvserve.loadtests.gpu.gpu_check", str(out), "--repo", str(REPO),
-           "--work", str(tmp_path / "work"), "--cpu", "--pytest-k", "rms_norm or (logits and llama and float32)",
-           "--budget", "kernel_tests=240", "parity=240", "kernel_bench=120", "serving=300"]
+           "--work", str(tmp_path / "work"), "--cpu", "--pytest-k",
+           "rms_norm or (logits and llama and float32) or (test_greedy_with_speculation_equals_without and ngram)",
+           "--budget", "kernel_tests=240", "parity=240", "engine_tests=240", "kernel_bench=120", "serving=300"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["install.json", "kernel_bench.json", "kernel_tests.json", "logs.tar.gz", "parity.json",
-                     "serving.json", "summary.json"]
+    assert files == ["engine_tests.json", "install.json", "kernel_bench.json", "kernel_tests.json", "logs.tar.gz",
+                     "parity.json", "serving.json", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "cpu dry run" and summary["ok"]
     kernel = json.loads((out / "kernel_tests.json").read_text())
     assert kernel["TRITON_INTERPRET"] == "1" and kernel["passed"] >= 2 and kernel["failures"] == 0
     parity = json.loads((out / "parity.json").read_text())
     assert parity["passed"] >= 1 and parity["logit_tolerance_rel_l2"]["bfloat16"] > 0
+    engine = json.loads((out / "engine_tests.json").read_text())
+    assert engine["passed"] >= 1 and engine["failures"] == 0
     bench = json.loads((out / "kernel_bench.json").read_text())
-    assert bench["smoke"] and len(bench["decode"]) == 4
+    assert bench["smoke"] and len(bench["decode"]) == 4 and len(bench["kv_dtypes"]) == 3 * 4
     serving = json.loads((out / "serving.json").read_text())
     runs = serving["models"][0]["runs"]
     assert set(runs) == {"1", "4"} and all(r["rc"] == 0 and r["output_tok_s"]["d"] > 0 for r in runs.values())
