@@ -43,7 +43,7 @@ log = logging.getLogger("kvserve.engine")
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
                          "cpu_grid_linear.c", "cpu_lora.c", "cpu_kv_write.c", "cpu_decode_step.c")]
-_HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
+_HEADERS = [Path(__file__).resolve().with_name(name) for name in ("cpu_exp.h", "cpu_vec16.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
