@@ -26,20 +26,20 @@
  * The caches' element format (`kv_format`, KVSERVE_KV_*): float32 rows are read as they are; the
  * others are widened to float32 as they are loaded, in registers, so a compressed cache costs memory
  * traffic in proportion to its bytes (a fp8 row of head size 64 is one cache line, a float32 row four).
- * Widening is exact for every format. The AVX-512 path widens 16 values at a time by moving bits:
+ * Widening is exact for every format. The vector path widens 16 values at a time by moving bits:
  *
  *   bfloat16  b              -> float32 bits b << 16
  *   fp8 e5m2  c              -> float16 bits c << 8 (e5m2 is float16's top byte)     -> float32
  *   fp8 e4m3  c = s eeee mmm -> float16 bits s 0eeee mmm0000000 = c's value * 2^-8  -> float32
  *
- * (the float16 -> float32 step is the hardware's, subnormals included). e4m3's values come out
- * 2^-8 times too small: the scores' scale and the output's normalisation take the 256 back, exact
+ * (the float16 -> float32 step is the hardware's, AVX-512's or F16C's, subnormals included).
+ * e4m3's values come out 2^-8 times too small: the scores' scale and the output's normalisation take the 256 back, exact
  * powers of two, instead of one multiply per value. A chunk's keys are widened once into a small
  * buffer for all the query heads that share them (values are read once per token anyway). The
  * scalar path reads a
  * 256-entry table of the fp8 format's values that the caller passes (torch's own conversion). The
  * fp8 scale is 1.0 per tensor (kernels/kv_quant.py); e4m3's NaN codes, which the store never writes
- * (it clamps), read as +-480 on the AVX-512 path.
+ * (it clamps), read as +-480 on the vector path.
  * Built by kvserve.kernels.cpu_native with -fopenmp; OpenMP here is torch's
  * own runtime (the libgomp.so.1 already loaded in the process), so the
  * region runs on the same thread team as torch's ops.
@@ -160,15 +160,17 @@ static inline void attend(const float *restrict q, const void *key_cache, const 
 #include "cpu_vec16.h"
 
 #if defined(KVSERVE_VEC16)
-/* The AVX-512 path for the common shapes (head size 64, 128 or 256 with up to 4 query heads per
- * kv head). A token's dot products leave 16 partial sums each; one transpose of 16 such
+/* The vector path (cpu_vec16.h: AVX-512, or AVX2 + FMA + F16C) for the common shapes (head size 64,
+ * 128 or 256 with up to 4 query heads per kv head). A token's dot products leave 16 partial sums each; one transpose of 16 such
  * vectors sums them all at once (45 shuffles and adds where 16 horizontal sums take ~130). A
  * 16-token chunk's rows are read once, front to back, for all the item's kv heads, while the
  * next chunk's are prefetched; one kv head's query heads keep their accumulators in registers
  * through the chunk. A 16-request step at 320 tokens of context (SmolLM2's 30 layers, 236 MB of
  * K/V): 3.3-3.6 ms against the scalar loops' 5.3-7.2 with the cache resident, 11.6-14.5 ms
  * against 23.9-26.5 with its blocks scattered through memory (as a long-running server's are);
- * with the blocks in order both wait on memory (~10-11 ms in the engine). */
+ * with the blocks in order both wait on memory (~10-11 ms in the engine). Under AVX2 the same code
+ * spills more of its accumulators (16 registers of 8 lanes), and still runs 1.3-2.1x the scalar
+ * loops on a 2-core EPYC (head sizes 64-256, float32 and bfloat16 caches). */
 
 /* kvserve_exp (cpu_exp.h) on 16 lanes. */
 static inline v16 exp16(v16 x) {
@@ -265,7 +267,7 @@ static inline __attribute__((always_inline)) void attend_vec16(
             }
             float p[4][16];
             /* [G][NV]: G <= 4, NV <= 16. At NV 16 (head size 256, Gemma 3's) the G x 16 accumulators
-             * outnumber the 32 registers and live in L1, which still beats the scalar loops ~2x. */
+             * outnumber AVX-512's 32 registers and live in L1, which still beats the scalar loops ~2x. */
             v16 a[4][16];
             for (int i = 0; i < G; i++) {
                 const int64_t h = kv * G + i;
@@ -416,7 +418,7 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
 }
 
 /* n values of a cache in `kv_format` from element 0 on, widened to float32 into out: 16 at a time as
- * the AVX-512 path loads them, the rest (or all, without AVX-512) as the scalar path does. The
+ * the vector path loads them, the rest (or all, without one) as the scalar path does. The
  * tests compare both with torch's conversion on every code. */
 void kvserve_kv_to_f32(const void *src, int kv_format, const float *values, int64_t n, float *out) {
     int64_t i = 0;

@@ -20,8 +20,9 @@
  *
  * It suits few rows: the codes are expanded once per pass of 4 rows, and from 7 rows on
  * cpu_linear.c's tiles over the same codes, which expand them once for 16 rows, are faster
- * (backend/models/cpu_linear.py switches there). Threads split the strips. Without
- * AVX-512 the entry point returns nonzero and the caller keeps its other path. */
+ * (backend/models/cpu_linear.py switches there). Threads split the strips. The vectors are
+ * cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with one row per pass and the same sums in the same
+ * order); without either the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
 
 #define KVSERVE_GRID_GROUP 32 /* inputs per block: GGUF's Q4_1 and Q8_0 block size */
@@ -34,7 +35,7 @@ enum { GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
 
 /* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit; for
  * halves d of the first 16 inputs, d of the last 16, then m likewise). */
-static int64_t block_bytes(int bits) {
+static inline int64_t block_bytes(int bits) {
     return bits == GRID_Q4   ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8
            : bits == GRID_Q8 ? KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4
                              : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 16;
@@ -127,7 +128,7 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the grid-coded weight
  * `packed` (grid_weights.py's strip layout of `bits`-bit codes, k a multiple of 32), plus bias [n]
  * when given. Rows beyond 4 take further passes over the weight. Returns nonzero when this build
- * cannot run it (no AVX-512) or the arguments are not a layout it knows. */
+ * cannot run it (no vector path: cpu_vec16.h) or the arguments are not a layout it knows. */
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
 #if defined(KVSERVE_VEC16)

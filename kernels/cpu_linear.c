@@ -10,8 +10,9 @@
  *   load is one k for 16 outputs (64 bytes of float32, 16 of int8, 8 of int4);
  * - the rows of x are copied per call into blocks of 16 rows, [M/16][K][16], so the 16 values of
  *   one k share a cache line and each reaches its FMA as a broadcast;
- * - a tile's 16 outputs for 16 rows accumulate in 16 of the 32 vector registers; further row
- *   blocks take further passes over the tile while it is still in L1/L2;
+ * - a tile's 16 outputs for 16 rows accumulate in 16 of AVX-512's 32 vector registers (under
+ *   AVX2, 4 rows in 8 of its 16, four passes per block); further row blocks take further passes
+ *   over the tile while it is still in L1/L2;
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
  *   stay in L2 across tiles (oneDNN is still 1.2x faster at 1,024 float32 rows, so float32
  *   prefill keeps it; torch's int8 and int4 kernels are slower than this one at every size);
@@ -21,8 +22,10 @@
  *   become (q - 8) * scale + zero with one scale and zero per output and group of 32 inputs (the
  *   tinygemm convention of backend/models/quantize.py).
  *
- * Threads split the tiles. Without AVX-512 the entry points return nonzero and the callers keep
- * oneDNN or torch's kernels. */
+ * The vector code is cpu_vec16.h's 16 lanes: one AVX-512 register, or two AVX2 ones doing the
+ * same per-lane operations (each lane one output, its FMAs over k in order), so both give the same
+ * results bit for bit. Threads split the tiles. Without AVX-512 or AVX2 + FMA + F16C the entry
+ * points return nonzero and the callers keep oneDNN or torch's kernels. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +135,7 @@ static void tile_rows(int rows, int wt, const float *block, const void *w, int64
 
 #endif
 
-/* The entry points' common body: nonzero when this build cannot run it (no AVX-512, or no memory). */
+/* The entry points' common body: nonzero when this build cannot run it (no vector path, or no memory). */
 static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int wt,
                   const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
                   int64_t out_stride, int num_threads) {
@@ -207,7 +210,8 @@ void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *
 }
 
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the packed weight, plus
- * bias [n] when given. Returns nonzero when this build cannot run it (no AVX-512, or no memory). */
+ * bias [n] when given. Returns nonzero when this build cannot run it (neither AVX-512 nor AVX2 + FMA +
+ * F16C, or no memory). */
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads) {
     return linear(x, x_stride, m, k, packed, W_F32, NULL, NULL, n, bias, out, out_stride, num_threads);
