@@ -56,6 +56,7 @@ V16_INLINE v16 v16_from_i8(const int8_t *p) { /* 16 int8 values */
 V16_INLINE v16i v16i_from_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 V16_INLINE v16i v16i_from_u8x16(__m128i bytes) { return _mm512_cvtepu8_epi32(bytes); }
 V16_INLINE v16i v16i_shr4(v16i v) { return _mm512_srli_epi32(v, 4); }
+V16_INLINE v16i v16i_low4(v16i v) { return _mm512_and_si512(v, _mm512_set1_epi32(15)); }
 V16_INLINE v16 v16_from_v16i(v16i v) { return _mm512_cvtepi32_ps(v); }
 /* Lane i: table[idx[i] & 15]. */
 V16_INLINE v16 v16_lookup(v16i idx, v16 table) { return _mm512_permutexvar_ps(idx, table); }
@@ -148,6 +149,9 @@ V16_INLINE v16i v16i_from_u8x16(__m128i bytes) {
 }
 V16_INLINE v16i v16i_from_u8(const uint8_t *p) { return v16i_from_u8x16(_mm_loadu_si128((const __m128i *)p)); }
 V16_INLINE v16i v16i_shr4(v16i v) { return v16i_make(_mm256_srli_epi32(v.lo, 4), _mm256_srli_epi32(v.hi, 4)); }
+V16_INLINE v16i v16i_low4(v16i v) {
+    return v16i_make(_mm256_and_si256(v.lo, _mm256_set1_epi32(15)), _mm256_and_si256(v.hi, _mm256_set1_epi32(15)));
+}
 V16_INLINE v16 v16_from_v16i(v16i v) { return v16_make(_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)); }
 /* table[idx & 15] for 8 lanes: a permute within each half of the table (index bits 0-2), then
  * bit 3 (moved to the sign) picks the half. */
