@@ -26,20 +26,20 @@
  * The caches' element format (`kv_format`, KVSERVE_KV_*): float32 rows are read as they are; the
  * others are widened to float32 as they are loaded, in registers, so a compressed cache costs memory
  * traffic in proportion to its bytes (a fp8 row of head size 64 is one cache line, a float32 row four).
- * Widening is exact for every format. The AVX-512 path widens 16 values at a time by moving bits:
+ * Widening is exact for every format. The vector path widens 16 values at a time by moving bits:
  *
  *   bfloat16  b              -> float32 bits b << 16
  *   fp8 e5m2  c              -> float16 bits c << 8 (e5m2 is float16's top byte)     -> float32
  *   fp8 e4m3  c = s eeee mmm -> float16 bits s 0eeee mmm0000000 = c's value * 2^-8  -> float32
  *
- * (the float16 -> float32 step is the hardware's, subnormals included). e4m3's values come out
- * 2^-8 times too small: the scores' scale and the output's normalisation take the 256 back, exact
+ * (the float16 -> float32 step is the hardware's, AVX-512's or F16C's, subnormals included).
+ * e4m3's values come out 2^-8 times too small: the scores' scale and the output's normalisation take the 256 back, exact
  * powers of two, instead of one multiply per value. A chunk's keys are widened once into a small
  * buffer for all the query heads that share them (values are read once per token anyway). The
  * scalar path reads a
  * 256-entry table of the fp8 format's values that the caller passes (torch's own conversion). The
  * fp8 scale is 1.0 per tensor (kernels/kv_quant.py); e4m3's NaN codes, which the store never writes
- * (it clamps), read as +-480 on the AVX-512 path.
+ * (it clamps), read as +-480 on the vector path.
  * Built by kvserve.kernels.cpu_native with -fopenmp; OpenMP here is torch's
  * own runtime (the libgomp.so.1 already loaded in the process), so the
  * region runs on the same thread team as torch's ops.
@@ -157,63 +157,47 @@ static inline void attend(const float *restrict q, const void *key_cache, const 
     }
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#include "cpu_vec16.h"
 
-/* The AVX-512 path for the common shapes (head size 64, 128 or 256 with up to 4 query heads per
- * kv head). A token's dot products leave 16 partial sums each; one transpose of 16 such
+#if defined(KVSERVE_VEC16)
+/* The vector path (cpu_vec16.h: AVX-512, or AVX2 + FMA + F16C) for the common shapes (head size 64,
+ * 128 or 256 with up to 4 query heads per kv head). A token's dot products leave 16 partial sums each; one transpose of 16 such
  * vectors sums them all at once (45 shuffles and adds where 16 horizontal sums take ~130). A
  * 16-token chunk's rows are read once, front to back, for all the item's kv heads, while the
  * next chunk's are prefetched; one kv head's query heads keep their accumulators in registers
  * through the chunk. A 16-request step at 320 tokens of context (SmolLM2's 30 layers, 236 MB of
  * K/V): 3.3-3.6 ms against the scalar loops' 5.3-7.2 with the cache resident, 11.6-14.5 ms
  * against 23.9-26.5 with its blocks scattered through memory (as a long-running server's are);
- * with the blocks in order both wait on memory (~10-11 ms in the engine). */
-
-/* Lane t of the result: the sum of v[t]'s 16 lanes. */
-static inline __m512 sum_lanes16(const __m512 *v) {
-    __m512 w[8], x[4], z[2];
-    for (int j = 0; j < 8; j++)
-        w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
-    for (int j = 0; j < 4; j++) /* lane group k of x[j]: tokens 4j..4j+3, summed over group k */
-        x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int j = 0; j < 2; j++)
-        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
+ * with the blocks in order both wait on memory (~10-11 ms in the engine). Under AVX2 the same code
+ * spills more of its accumulators (16 registers of 8 lanes), and still runs 1.3-2.1x the scalar
+ * loops on a 2-core EPYC (head sizes 64-256, float32 and bfloat16 caches). */
 
 /* kvserve_exp (cpu_exp.h) on 16 lanes. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 y = _mm512_set1_ps(1.5353362e-4f);
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3398874e-3f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6182669e-3f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5503406e-2f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022652e-1f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));
-    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+static inline v16 exp16(v16 x) {
+    x = v16_min(v16_max(x, v16_set1(-87.0f)), v16_set1(88.0f));
+    const v16 t = v16_mul(x, v16_set1(1.44269504088896341f));
+    const v16 n = v16_round(t);
+    const v16 f = v16_sub(t, n);
+    v16 y = v16_set1(1.5353362e-4f);
+    y = v16_fma(y, f, v16_set1(1.3398874e-3f));
+    y = v16_fma(y, f, v16_set1(9.6182669e-3f));
+    y = v16_fma(y, f, v16_set1(5.5503406e-2f));
+    y = v16_fma(y, f, v16_set1(2.4022652e-1f));
+    y = v16_fma(y, f, v16_set1(6.9314718e-1f));
+    y = v16_fma(y, f, v16_set1(1.0f));
+    return v16_mul(y, v16_pow2i(n));
 }
 
 /* 16 cache values from element `at` on, widened to float32 (see the file's comment; e4m3's come out
  * as value * 2^-8, E4M3_UNIT). */
-static inline __attribute__((always_inline)) __m512 load16(const int FMT, const void *cache, int64_t at) {
-    if (FMT == KVSERVE_KV_F32) return _mm512_loadu_ps((const float *)cache + at);
-    if (FMT == KVSERVE_KV_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + at))), 16));
+static inline __attribute__((always_inline)) v16 load16(const int FMT, const void *cache, int64_t at) {
+    if (FMT == KVSERVE_KV_F32) return v16_load((const float *)cache + at);
+    if (FMT == KVSERVE_KV_BF16) return v16_from_bf16((const uint16_t *)cache + at);
     const __m256i top = _mm256_slli_epi16(
         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)cache + at))), 8);
-    if (FMT == KVSERVE_KV_FP8_E5M2) return _mm512_cvtph_ps(top);
+    if (FMT == KVSERVE_KV_FP8_E5M2) return v16_from_f16_bits(top);
     /* s eeee mmm 00000000 -> s s eeee mmm 0000000 (arithmetic shift) -> s 0 eeee mmm 0000000 */
-    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(top, 1), _mm256_set1_epi16((short)0xbfff)));
+    return v16_from_f16_bits(_mm256_and_si256(_mm256_srai_epi16(top, 1), _mm256_set1_epi16((short)0xbfff)));
 }
 
 /* What load16's values are in units of: e4m3's are 2^-8 of theirs. */
@@ -230,7 +214,7 @@ static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t 
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
  * accumulators in registers through the chunk. */
-static inline __attribute__((always_inline)) void attend_avx512(
+static inline __attribute__((always_inline)) void attend_vec16(
     const int FMT, const int NV, const int G, const float *restrict q, const void *key_cache,
     const void *value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
     int64_t kv_lo, int64_t kv_hi, int64_t row_stride, int64_t block_size, float scale) {
@@ -252,7 +236,7 @@ static inline __attribute__((always_inline)) void attend_avx512(
      * starting mid-block makes the chunks of its first block end at the block's end, not 16 apart. */
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
     const float unit = FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
-    const __m512 score_scale = _mm512_set1_ps(scale * unit);
+    const v16 score_scale = v16_set1(scale * unit);
     float kbuf[16 * 16 * 16]; /* a chunk's keys of one kv head widened: [token][NV * 16] */
     for (int64_t t0 = begin, n; t0 < len; t0 += n) {
         n = chunk_len(t0, len, chunk_max, block_size);
@@ -269,97 +253,96 @@ static inline __attribute__((always_inline)) void attend_avx512(
                     _mm_prefetch(value_bytes + (next + t * row_stride) * bytes + f, _MM_HINT_T0);
                 }
         }
-        const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-        for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
+                for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
             const float *kf = (const float *)key_cache + kv_first; /* the chunk's keys as float32 ... */
             int64_t k_stride = row_stride;                         /* ... token t's at kf + t * k_stride */
             if (FMT != KVSERVE_KV_F32) {
                 for (int t = 0; t < n; t++)
                     for (int j = 0; j < NV; j++)
-                        _mm512_storeu_ps(kbuf + t * head_dim + j * 16,
+                        v16_store(kbuf + t * head_dim + j * 16,
                                          load16(FMT, key_cache, kv_first + t * row_stride + j * 16));
                 kf = kbuf;
                 k_stride = head_dim;
             }
             float p[4][16];
             /* [G][NV]: G <= 4, NV <= 16. At NV 16 (head size 256, Gemma 3's) the G x 16 accumulators
-             * outnumber the 32 registers and live in L1, which still beats the scalar loops ~2x. */
-            __m512 a[4][16];
+             * outnumber AVX-512's 32 registers and live in L1, which still beats the scalar loops ~2x. */
+            v16 a[4][16];
             for (int i = 0; i < G; i++) {
                 const int64_t h = kv * G + i;
-                __m512 part[16];
+                v16 part[16];
                 for (int t = 0; t < 16; t++) {
-                    __m512 dot = _mm512_setzero_ps();
+                    v16 dot = v16_zero();
                     if (t < n)
                         for (int j = 0; j < NV; j++)
-                            dot = _mm512_fmadd_ps(_mm512_loadu_ps(qh + h * head_dim + j * 16),
-                                                  _mm512_loadu_ps(kf + t * k_stride + j * 16), dot);
+                            dot = v16_fma(v16_load(qh + h * head_dim + j * 16),
+                                                  v16_load(kf + t * k_stride + j * 16), dot);
                     part[t] = dot;
                 }
-                const __m512 scores = _mm512_mul_ps(sum_lanes16(part), score_scale);
-                const float top = _mm512_mask_reduce_max_ps(valid, scores);
+                const v16 scores = v16_mul(v16_sum_lanes16(part), score_scale);
+                const float top = v16_reduce_max_first(scores, n);
                 const float new_max = mx[h] > top ? mx[h] : top;
                 const float correction = kvserve_exp(mx[h] - new_max); /* ~0 on the first chunk */
-                const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-                _mm512_storeu_ps(p[i], e);
-                sum[h] = sum[h] * correction + _mm512_reduce_add_ps(e);
+                const v16 e = v16_keep_first(exp16(v16_sub(scores, v16_set1(new_max))), n);
+                v16_store(p[i], e);
+                sum[h] = sum[h] * correction + v16_reduce_add(e);
                 mx[h] = new_max;
-                const __m512 c = _mm512_set1_ps(correction);
-                for (int j = 0; j < NV; j++) a[i][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + h * head_dim + j * 16), c);
+                const v16 c = v16_set1(correction);
+                for (int j = 0; j < NV; j++) a[i][j] = v16_mul(v16_load(acc + h * head_dim + j * 16), c);
             }
             for (int t = 0; t < n; t++) {
-                __m512 vv[16];
+                v16 vv[16];
                 for (int j = 0; j < NV; j++) vv[j] = load16(FMT, value_cache, kv_first + t * row_stride + j * 16);
                 for (int i = 0; i < G; i++) {
-                    const __m512 pt = _mm512_set1_ps(p[i][t]);
-                    for (int j = 0; j < NV; j++) a[i][j] = _mm512_fmadd_ps(pt, vv[j], a[i][j]);
+                    const v16 pt = v16_set1(p[i][t]);
+                    for (int j = 0; j < NV; j++) a[i][j] = v16_fma(pt, vv[j], a[i][j]);
                 }
             }
             for (int i = 0; i < G; i++)
-                for (int j = 0; j < NV; j++) _mm512_storeu_ps(acc + (kv * G + i) * head_dim + j * 16, a[i][j]);
+                for (int j = 0; j < NV; j++) v16_store(acc + (kv * G + i) * head_dim + j * 16, a[i][j]);
         }
     }
     for (int64_t i = 0; i < heads; i++) {
-        const __m512 inv = _mm512_set1_ps(unit / sum[i]);
-        for (int j = 0; j < NV; j++) _mm512_storeu_ps(oh + i * head_dim + j * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + i * head_dim + j * 16), inv));
+        const v16 inv = v16_set1(unit / sum[i]);
+        for (int j = 0; j < NV; j++) v16_store(oh + i * head_dim + j * 16, v16_mul(v16_load(acc + i * head_dim + j * 16), inv));
     }
 }
 
-#define ATTEND_AVX512(FMT, NV, G)                                                                                 \
-    static void attend_avx512_##FMT##_##NV##_##G(const float *q, const void *kc, const void *vc,                  \
+#define ATTEND_VEC16(FMT, NV, G)                                                                                 \
+    static void attend_vec16_##FMT##_##NV##_##G(const float *q, const void *kc, const void *vc,                  \
                                                  const int32_t *table, int64_t begin, int64_t len, float *o,       \
                                                  int64_t lo, int64_t hi, int64_t row_stride, int64_t block_size,   \
                                                  float scale) {                                                    \
-        attend_avx512(FMT, NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);        \
+        attend_vec16(FMT, NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);        \
     }
-#define ATTEND_AVX512_SHAPES(FMT) \
-    ATTEND_AVX512(FMT, 4, 1)      \
-    ATTEND_AVX512(FMT, 4, 2)      \
-    ATTEND_AVX512(FMT, 4, 3)      \
-    ATTEND_AVX512(FMT, 4, 4)      \
-    ATTEND_AVX512(FMT, 8, 1)      \
-    ATTEND_AVX512(FMT, 8, 2)      \
-    ATTEND_AVX512(FMT, 8, 3)      \
-    ATTEND_AVX512(FMT, 8, 4)      \
-    ATTEND_AVX512(FMT, 16, 1)     \
-    ATTEND_AVX512(FMT, 16, 2)     \
-    ATTEND_AVX512(FMT, 16, 3)     \
-    ATTEND_AVX512(FMT, 16, 4)
-ATTEND_AVX512_SHAPES(0)
-ATTEND_AVX512_SHAPES(1)
-ATTEND_AVX512_SHAPES(2)
-ATTEND_AVX512_SHAPES(3)
+#define ATTEND_VEC16_SHAPES(FMT) \
+    ATTEND_VEC16(FMT, 4, 1)      \
+    ATTEND_VEC16(FMT, 4, 2)      \
+    ATTEND_VEC16(FMT, 4, 3)      \
+    ATTEND_VEC16(FMT, 4, 4)      \
+    ATTEND_VEC16(FMT, 8, 1)      \
+    ATTEND_VEC16(FMT, 8, 2)      \
+    ATTEND_VEC16(FMT, 8, 3)      \
+    ATTEND_VEC16(FMT, 8, 4)      \
+    ATTEND_VEC16(FMT, 16, 1)     \
+    ATTEND_VEC16(FMT, 16, 2)     \
+    ATTEND_VEC16(FMT, 16, 3)     \
+    ATTEND_VEC16(FMT, 16, 4)
+ATTEND_VEC16_SHAPES(0)
+ATTEND_VEC16_SHAPES(1)
+ATTEND_VEC16_SHAPES(2)
+ATTEND_VEC16_SHAPES(3)
 
 typedef void (*attend_fn)(const float *, const void *, const void *, const int32_t *, int64_t, int64_t, float *,
                           int64_t, int64_t, int64_t, int64_t, float);
 
 /* The specialised kernel for this format, head size and group, or NULL (the scalar loops run). */
-static attend_fn avx512_kernel(int fmt, int64_t head_dim, int64_t group) {
+static attend_fn vec16_kernel(int fmt, int64_t head_dim, int64_t group) {
 #define KERNELS_OF(FMT)                                                                                          \
-    {attend_avx512_##FMT##_4_1, attend_avx512_##FMT##_4_2, attend_avx512_##FMT##_4_3, attend_avx512_##FMT##_4_4, \
-     attend_avx512_##FMT##_8_1, attend_avx512_##FMT##_8_2, attend_avx512_##FMT##_8_3, attend_avx512_##FMT##_8_4, \
-     attend_avx512_##FMT##_16_1, attend_avx512_##FMT##_16_2, attend_avx512_##FMT##_16_3, attend_avx512_##FMT##_16_4}
+    {attend_vec16_##FMT##_4_1, attend_vec16_##FMT##_4_2, attend_vec16_##FMT##_4_3, attend_vec16_##FMT##_4_4, \
+     attend_vec16_##FMT##_8_1, attend_vec16_##FMT##_8_2, attend_vec16_##FMT##_8_3, attend_vec16_##FMT##_8_4, \
+     attend_vec16_##FMT##_16_1, attend_vec16_##FMT##_16_2, attend_vec16_##FMT##_16_3, attend_vec16_##FMT##_16_4}
     static const attend_fn kernels[4][12] = {KERNELS_OF(0), KERNELS_OF(1), KERNELS_OF(2), KERNELS_OF(3)};
 #undef KERNELS_OF
     if (fmt < 0 || fmt > 3 || group < 1 || group > 4) return NULL;
@@ -395,8 +378,8 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
     const int64_t row_stride = num_kv_heads * head_dim; /* floats between consecutive slots */
     const int64_t split = batch >= 2 * (int64_t)num_threads ? 1 : num_kv_heads; /* items per request */
     const int64_t items = batch * split, heads_per_item = num_kv_heads / split;
-#if defined(__AVX512F__)
-    const attend_fn fast = avx512_kernel(kv_format, head_dim, group);
+#if defined(KVSERVE_VEC16)
+    const attend_fn fast = vec16_kernel(kv_format, head_dim, group);
 #endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t item = 0; item < items; ++item) {
@@ -406,7 +389,7 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
         const int32_t *table = tables + b * table_stride;
         const int64_t hi = lo + heads_per_item;
         const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
-#if defined(__AVX512F__)
+#if defined(KVSERVE_VEC16)
         if (fast) {
             fast(q, key_cache, value_cache, table, begin, len, o, lo, hi, row_stride, block_size, scale);
             continue;
@@ -435,18 +418,18 @@ int kvserve_paged_decode_f32(const float *query, const float *key_cache, const f
 }
 
 /* n values of a cache in `kv_format` from element 0 on, widened to float32 into out: 16 at a time as
- * the AVX-512 path loads them, the rest (or all, without AVX-512) as the scalar path does. The
+ * the vector path loads them, the rest (or all, without one) as the scalar path does. The
  * tests compare both with torch's conversion on every code. */
 void kvserve_kv_to_f32(const void *src, int kv_format, const float *values, int64_t n, float *out) {
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(KVSERVE_VEC16)
     for (; i + 16 <= n; i += 16) {
-        const __m512 x = kv_format == KVSERVE_KV_F32    ? load16(KVSERVE_KV_F32, src, i)
+        const v16 x = kv_format == KVSERVE_KV_F32    ? load16(KVSERVE_KV_F32, src, i)
                          : kv_format == KVSERVE_KV_BF16 ? load16(KVSERVE_KV_BF16, src, i)
                          : kv_format == KVSERVE_KV_FP8_E4M3
-                             ? _mm512_mul_ps(load16(KVSERVE_KV_FP8_E4M3, src, i), _mm512_set1_ps(E4M3_UNIT))
+                             ? v16_mul(load16(KVSERVE_KV_FP8_E4M3, src, i), v16_set1(E4M3_UNIT))
                              : load16(KVSERVE_KV_FP8_E5M2, src, i);
-        _mm512_storeu_ps(out + i, x);
+        v16_store(out + i, x);
     }
 #endif
     float buf[16];

@@ -20,13 +20,13 @@
  *
  * It suits few rows: the codes are expanded once per pass of 4 rows, and from 7 rows on
  * cpu_linear.c's tiles over the same codes, which expand them once for 16 rows, are faster
- * (backend/models/cpu_linear.py switches there). Threads split the strips. Without
- * AVX-512 the entry point returns nonzero and the caller keeps its other path. */
+ * (backend/models/cpu_linear.py switches there). Threads split the strips. The vectors are
+ * cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with one row per pass and the same sums in the same
+ * order); without either the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
 
 #define KVSERVE_GRID_GROUP 32 /* inputs per block: GGUF's Q4_1 and Q8_0 block size */
 #define KVSERVE_GRID_OUTS 4 /* outputs per strip: one 64-byte line of 4-bit codes per block */
-#define KVSERVE_GRID_ROWS 4 /* rows per pass: 4 outputs x 4 rows of accumulators */
 #define KVSERVE_GRID_PREFETCH_BYTES (16 * 1024)
 
 /* Code formats: 4-bit affine (d * q + m), 8-bit symmetric (d * q), and 8-bit affine with d and m
@@ -35,14 +35,18 @@ enum { GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
 
 /* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit; for
  * halves d of the first 16 inputs, d of the last 16, then m likewise). */
-static int64_t block_bytes(int bits) {
+static inline int64_t block_bytes(int bits) {
     return bits == GRID_Q4   ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8
            : bits == GRID_Q8 ? KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4
                              : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 16;
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#include "cpu_vec16.h"
+
+#if defined(KVSERVE_VEC16)
+/* Rows per pass that keep the 4 outputs' accumulators in registers: 4 under AVX-512 (16 of its 32),
+ * 1 under AVX2 (4 pairs of its 16). */
+#define KVSERVE_GRID_PASS_ROWS (KVSERVE_V16_REGS / (2 * KVSERVE_GRID_OUTS))
 
 /* ROWS rows times one strip of 4 outputs; results at out[r * out_stride + o] for the `width`
  * outputs that exist. */
@@ -50,54 +54,60 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
                                                              int64_t x_stride, int64_t k, const uint8_t *strip,
                                                              const float *bias, float *out, int64_t out_stride,
                                                              int width) {
-    __m512 acc[KVSERVE_GRID_OUTS][KVSERVE_GRID_ROWS];
+    v16 acc[KVSERVE_GRID_OUTS][KVSERVE_GRID_PASS_ROWS];
     for (int o = 0; o < KVSERVE_GRID_OUTS; o++)
-        for (int r = 0; r < ROWS; r++) acc[o][r] = _mm512_setzero_ps();
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (int r = 0; r < ROWS; r++) acc[o][r] = v16_zero();
+    const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16 iota = v16_load(iota_values);
     const int64_t step = block_bytes(BITS);
     const int64_t blocks = k / KVSERVE_GRID_GROUP;
     for (int64_t g = 0; g < blocks; g++) {
         const uint8_t *blk = strip + g * step;
         _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512 x_lo[KVSERVE_GRID_ROWS], x_hi[KVSERVE_GRID_ROWS];
+        v16 x_lo[KVSERVE_GRID_PASS_ROWS], x_hi[KVSERVE_GRID_PASS_ROWS];
         for (int r = 0; r < ROWS; r++) {
-            x_lo[r] = _mm512_loadu_ps(x + r * x_stride + g * KVSERVE_GRID_GROUP);
-            x_hi[r] = _mm512_loadu_ps(x + r * x_stride + g * KVSERVE_GRID_GROUP + 16);
+            x_lo[r] = v16_load(x + r * x_stride + g * KVSERVE_GRID_GROUP);
+            x_hi[r] = v16_load(x + r * x_stride + g * KVSERVE_GRID_GROUP + 16);
         }
         const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
         for (int o = 0; o < KVSERVE_GRID_OUTS; o++) {
-            __m512 w_lo, w_hi;
-            if (BITS == GRID_Q4) {
+            v16 w_lo, w_hi;
+            if (BITS == GRID_Q4 && KVSERVE_V16_REGS > 8) {
                 /* byte j of a block: value j in the low nibble, value j + 16 in the high one; the
-                 * permute reads only an index's low 4 bits. */
-                const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(d[o]), iota, _mm512_set1_ps(d[KVSERVE_GRID_OUTS + o]));
-                const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + o * 16)));
-                w_lo = _mm512_permutexvar_ps(codes, table);
-                w_hi = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+                 * lookup reads only an index's low 4 bits. */
+                const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
+                const v16i codes = v16i_from_u8(blk + o * 16);
+                w_lo = v16_lookup(codes, table);
+                w_hi = v16_lookup(v16i_shr4(codes), table);
+            } else if (BITS == GRID_Q4) {
+                /* AVX2, where the lookup is five instructions a half: q * d + m by one FMA, the same
+                 * rounding of the same product as the table's entry q. */
+                const v16i codes = v16i_from_u8(blk + o * 16);
+                const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
+                w_lo = v16_fma(v16_from_v16i(v16i_low4(codes)), dv, mv);
+                w_hi = v16_fma(v16_from_v16i(v16i_shr4(codes)), dv, mv);
             } else if (BITS == GRID_Q8_HALVES) {
                 /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
-                const __m128i *codes = (const __m128i *)(blk + o * 32);
-                const __m512 q_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes)));
-                const __m512 q_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1)));
-                w_lo = _mm512_fmadd_ps(q_lo, _mm512_set1_ps(d[o]), _mm512_set1_ps(d[2 * KVSERVE_GRID_OUTS + o]));
-                w_hi = _mm512_fmadd_ps(q_hi, _mm512_set1_ps(d[KVSERVE_GRID_OUTS + o]),
-                                       _mm512_set1_ps(d[3 * KVSERVE_GRID_OUTS + o]));
+                const int8_t *codes = (const int8_t *)(blk + o * 32);
+                w_lo = v16_fma(v16_from_i8(codes), v16_set1(d[o]), v16_set1(d[2 * KVSERVE_GRID_OUTS + o]));
+                w_hi = v16_fma(v16_from_i8(codes + 16), v16_set1(d[KVSERVE_GRID_OUTS + o]),
+                               v16_set1(d[3 * KVSERVE_GRID_OUTS + o]));
             } else {
-                const __m512 scale = _mm512_set1_ps(d[o]);
-                const __m128i *codes = (const __m128i *)(blk + o * 32);
-                w_lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes))), scale);
-                w_hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes + 1))), scale);
+                const v16 scale = v16_set1(d[o]);
+                const int8_t *codes = (const int8_t *)(blk + o * 32);
+                w_lo = v16_mul(v16_from_i8(codes), scale);
+                w_hi = v16_mul(v16_from_i8(codes + 16), scale);
             }
             for (int r = 0; r < ROWS; r++) {
-                acc[o][r] = _mm512_fmadd_ps(w_lo, x_lo[r], acc[o][r]);
-                acc[o][r] = _mm512_fmadd_ps(w_hi, x_hi[r], acc[o][r]);
+                acc[o][r] = v16_fma(w_lo, x_lo[r], acc[o][r]);
+                acc[o][r] = v16_fma(w_hi, x_hi[r], acc[o][r]);
             }
         }
     }
     for (int o = 0; o < width; o++)
         for (int r = 0; r < ROWS; r++)
-            out[r * out_stride + o] = _mm512_reduce_add_ps(acc[o][r]) + (bias ? bias[o] : 0.0f);
+            out[r * out_stride + o] = v16_reduce_add(acc[o][r]) + (bias ? bias[o] : 0.0f);
 }
 
 #define KVSERVE_GRID_CASE(n)                                                                        \
@@ -113,7 +123,10 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
 static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int64_t k, const uint8_t *strip,
                        const float *bias, float *out, int64_t out_stride, int width) {
     switch (rows) {
-        KVSERVE_GRID_CASE(1) KVSERVE_GRID_CASE(2) KVSERVE_GRID_CASE(3) KVSERVE_GRID_CASE(4)
+        KVSERVE_GRID_CASE(1)
+#if KVSERVE_GRID_PASS_ROWS > 1
+        KVSERVE_GRID_CASE(2) KVSERVE_GRID_CASE(3) KVSERVE_GRID_CASE(4)
+#endif
         default: break;
     }
 }
@@ -122,10 +135,10 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the grid-coded weight
  * `packed` (grid_weights.py's strip layout of `bits`-bit codes, k a multiple of 32), plus bias [n]
  * when given. Rows beyond 4 take further passes over the weight. Returns nonzero when this build
- * cannot run it (no AVX-512) or the arguments are not a layout it knows. */
+ * cannot run it (no vector path: cpu_vec16.h) or the arguments are not a layout it knows. */
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_VEC16)
     if ((bits != GRID_Q4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP) return 3;
     const int64_t strips = (n + KVSERVE_GRID_OUTS - 1) / KVSERVE_GRID_OUTS;
     const int64_t strip_bytes = k / KVSERVE_GRID_GROUP * block_bytes(bits);
@@ -133,8 +146,8 @@ int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t
     for (int64_t s = 0; s < strips; s++) {
         const int64_t col = s * KVSERVE_GRID_OUTS;
         const int width = n - col < KVSERVE_GRID_OUTS ? (int)(n - col) : KVSERVE_GRID_OUTS;
-        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_GRID_ROWS) {
-            const int rows = m - r0 < KVSERVE_GRID_ROWS ? (int)(m - r0) : KVSERVE_GRID_ROWS;
+        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_GRID_PASS_ROWS) {
+            const int rows = m - r0 < KVSERVE_GRID_PASS_ROWS ? (int)(m - r0) : KVSERVE_GRID_PASS_ROWS;
             strip_rows(rows, bits, x + r0 * x_stride, x_stride, k, packed + s * strip_bytes, bias ? bias + col : 0,
                        out + r0 * out_stride + col, out_stride, width);
         }

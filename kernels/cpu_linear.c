@@ -10,8 +10,9 @@
  *   load is one k for 16 outputs (64 bytes of float32, 16 of int8, 8 of int4);
  * - the rows of x are copied per call into blocks of 16 rows, [M/16][K][16], so the 16 values of
  *   one k share a cache line and each reaches its FMA as a broadcast;
- * - a tile's 16 outputs for 16 rows accumulate in 16 of the 32 vector registers; further row
- *   blocks take further passes over the tile while it is still in L1/L2;
+ * - a tile's 16 outputs for 16 rows accumulate in 16 of AVX-512's 32 vector registers (under
+ *   AVX2, 4 rows in 8 of its 16, four passes per block); further row blocks take further passes
+ *   over the tile while it is still in L1/L2;
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
  *   stay in L2 across tiles (oneDNN is still 1.2x faster at 1,024 float32 rows, so float32
  *   prefill keeps it; torch's int8 and int4 kernels are slower than this one at every size);
@@ -21,8 +22,10 @@
  *   become (q - 8) * scale + zero with one scale and zero per output and group of 32 inputs (the
  *   tinygemm convention of backend/models/quantize.py).
  *
- * Threads split the tiles. Without AVX-512 the entry points return nonzero and the callers keep
- * oneDNN or torch's kernels. */
+ * The vector code is cpu_vec16.h's 16 lanes: one AVX-512 register, or two AVX2 ones doing the
+ * same per-lane operations (each lane one output, its FMAs over k in order), so both give the same
+ * results bit for bit. Threads split the tiles. Without AVX-512 or AVX2 + FMA + F16C the entry
+ * points return nonzero and the callers keep oneDNN or torch's kernels. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,95 +43,103 @@
 enum { W_F32 = 0, W_I8 = 1, W_I4 = 2, W_G4 = 3, W_G8 = 4, W_G8H = 5 };
 #define KVSERVE_LINEAR_HALF_GROUP 16 /* inputs per d and m of W_G8H: 8-bit codes q * d + m (Q6_K's sub-block) */
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#include "cpu_vec16.h"
 
-/* One pass: ROWS rows of an x block ([K][16]) times a weight tile ([K][16] values). For int8 the
- * tile's 16 output scales multiply the sums; int4 values are (q - 8) * scale + zero, per group. */
+#if defined(KVSERVE_VEC16)
+/* Rows one tile_pass keeps in registers: 16 accumulators under AVX-512, 4 under AVX2 (each a pair
+ * of its 16 registers, beside the weight vector, its group scale and zero and a broadcast). A
+ * block of 16 rows takes 16 / KVSERVE_LINEAR_PASS_ROWS passes over a tile; each row's sums are the
+ * same operations in the same order either way. */
+#define KVSERVE_LINEAR_PASS_ROWS (KVSERVE_V16_REGS / 2)
+
+/* One pass: ROWS rows of an x block ([K][16], from row `xb`'s column on) times a weight tile ([K][16]
+ * values). For int8 the tile's 16 output scales multiply the sums; int4 values are (q - 8) * scale
+ * + zero, per group. Outputs [0, width) of each row are stored. */
 static inline __attribute__((always_inline)) void tile_pass(const int ROWS, const int WT, const float *xb,
                                                             const void *w, int64_t k_len, const float *scales,
                                                             const float *zeros, const float *bias, float *out,
-                                                            int64_t out_stride, __mmask16 lanes) {
-    __m512 acc[KVSERVE_LINEAR_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-    __m512 group_scale = _mm512_setzero_ps(), group_zero = _mm512_setzero_ps();
+                                                            int64_t out_stride, int width) {
+    v16 acc[KVSERVE_LINEAR_PASS_ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = v16_zero();
+    v16 group_scale = v16_zero(), group_zero = v16_zero();
     for (int64_t k = 0; k < k_len; k++) {
-        __m512 wv;
+        v16 wv;
         if (WT == W_I4 || WT == W_G4 || WT == W_G8 || WT == W_G8H) {
             const int64_t group = WT == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP;
             if ((k & (group - 1)) == 0) {
                 const int64_t g = k / group;
-                group_scale = _mm512_loadu_ps(scales + g * KVSERVE_LINEAR_TILE);
-                if (WT != W_G8) group_zero = _mm512_loadu_ps(zeros + g * KVSERVE_LINEAR_TILE);
+                group_scale = v16_load(scales + g * KVSERVE_LINEAR_TILE);
+                if (WT != W_G8) group_zero = v16_load(zeros + g * KVSERVE_LINEAR_TILE);
             }
         }
         if (WT == W_I4 || WT == W_G4) {
             const uint8_t *wk = (const uint8_t *)w + k * (KVSERVE_LINEAR_TILE / 2);
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
-            const __m128i bytes = _mm_loadl_epi64((const __m128i *)wk);
-            const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
-            const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-            const __m128i codes = _mm_unpacklo_epi8(low, high); /* byte j: outputs 2j (low), 2j + 1 (high) */
-            const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+            const v16 q = v16_from_u4(wk); /* byte j: outputs 2j (low nibble), 2j + 1 (high) */
             /* int4: (q - 8) * scale, exact, plus zero in one rounding. Grid: q * d + m in one rounding,
              * which is q * d then + m since grid_weights.py keeps only steps d that make q * d exact. */
-            wv = _mm512_fmadd_ps(WT == W_I4 ? _mm512_sub_ps(q, _mm512_set1_ps(8.0f)) : q, group_scale, group_zero);
+            wv = v16_fma(WT == W_I4 ? v16_sub(q, v16_set1(8.0f)) : q, group_scale, group_zero);
         } else if (WT == W_I8 || WT == W_G8 || WT == W_G8H) {
             const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
-            wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wk)));
-            if (WT == W_G8) wv = _mm512_mul_ps(wv, group_scale); /* q * d, one rounding as numpy's */
-            if (WT == W_G8H) wv = _mm512_fmadd_ps(wv, group_scale, group_zero); /* one rounding (gguf_codes.py) */
+            wv = v16_from_i8(wk);
+            if (WT == W_G8) wv = v16_mul(wv, group_scale); /* q * d, one rounding as numpy's */
+            if (WT == W_G8H) wv = v16_fma(wv, group_scale, group_zero); /* one rounding (gguf_codes.py) */
         } else {
             const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
             _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
-            wv = _mm512_loadu_ps(wk);
+            wv = v16_load(wk);
         }
         const float *xk = xb + k * KVSERVE_LINEAR_ROWS;
-        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r]), wv, acc[r]);
+        for (int r = 0; r < ROWS; r++) acc[r] = v16_fma(v16_set1(xk[r]), wv, acc[r]);
     }
-    const __m512 scale = WT == W_I8 ? _mm512_maskz_loadu_ps(lanes, scales) : _mm512_set1_ps(1.0f);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(lanes, bias) : _mm512_setzero_ps();
-    for (int r = 0; r < ROWS; r++)
-        _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_fmadd_ps(acc[r], scale, b));
+    const v16 scale = WT == W_I8 ? v16_load_first(scales, width) : v16_set1(1.0f);
+    const v16 b = bias ? v16_load_first(bias, width) : v16_zero();
+    for (int r = 0; r < ROWS; r++) v16_store_first(out + r * out_stride, width, v16_fma(acc[r], scale, b));
 }
 
 #define KVSERVE_TILE_CASE(n)                                                                 \
     case n:                                                                                  \
         if (wt == W_I4)                                                                      \
-            tile_pass(n, W_I4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+            tile_pass(n, W_I4, xb, w, k_len, scales, zeros, bias, out, out_stride, width);   \
         else if (wt == W_G4)                                                                 \
-            tile_pass(n, W_G4, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+            tile_pass(n, W_G4, xb, w, k_len, scales, zeros, bias, out, out_stride, width);   \
         else if (wt == W_G8)                                                                 \
-            tile_pass(n, W_G8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+            tile_pass(n, W_G8, xb, w, k_len, scales, zeros, bias, out, out_stride, width);   \
         else if (wt == W_G8H)                                                                \
-            tile_pass(n, W_G8H, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);  \
+            tile_pass(n, W_G8H, xb, w, k_len, scales, zeros, bias, out, out_stride, width);  \
         else if (wt == W_I8)                                                                 \
-            tile_pass(n, W_I8, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);   \
+            tile_pass(n, W_I8, xb, w, k_len, scales, zeros, bias, out, out_stride, width);   \
         else                                                                                 \
-            tile_pass(n, W_F32, xb, w, k_len, scales, zeros, bias, out, out_stride, lanes);  \
+            tile_pass(n, W_F32, xb, w, k_len, scales, zeros, bias, out, out_stride, width);  \
         break;
 
 /* Row counts (and the weight format) as compile-time constants, so that the accumulators stay in
- * registers. */
-static void tile_rows(int rows, int wt, const float *xb, const void *w, int64_t k_len, const float *scales,
-                      const float *zeros, const float *bias, float *out, int64_t out_stride, __mmask16 lanes) {
-    switch (rows) {
-        KVSERVE_TILE_CASE(1) KVSERVE_TILE_CASE(2) KVSERVE_TILE_CASE(3) KVSERVE_TILE_CASE(4)
-        KVSERVE_TILE_CASE(5) KVSERVE_TILE_CASE(6) KVSERVE_TILE_CASE(7) KVSERVE_TILE_CASE(8)
-        KVSERVE_TILE_CASE(9) KVSERVE_TILE_CASE(10) KVSERVE_TILE_CASE(11) KVSERVE_TILE_CASE(12)
-        KVSERVE_TILE_CASE(13) KVSERVE_TILE_CASE(14) KVSERVE_TILE_CASE(15) KVSERVE_TILE_CASE(16)
-        default: break;
+ * registers: a block's `rows` in passes of up to KVSERVE_LINEAR_PASS_ROWS. */
+static void tile_rows(int rows, int wt, const float *block, const void *w, int64_t k_len, const float *scales,
+                      const float *zeros, const float *bias, float *block_out, int64_t out_stride, int width) {
+    for (int r0 = 0; r0 < rows; r0 += KVSERVE_LINEAR_PASS_ROWS) {
+        const float *xb = block + r0; /* the pass's first row's column of the block */
+        float *out = block_out + r0 * out_stride;
+        switch (rows - r0 < KVSERVE_LINEAR_PASS_ROWS ? rows - r0 : KVSERVE_LINEAR_PASS_ROWS) {
+            KVSERVE_TILE_CASE(1) KVSERVE_TILE_CASE(2) KVSERVE_TILE_CASE(3) KVSERVE_TILE_CASE(4)
+#if KVSERVE_LINEAR_PASS_ROWS > 4
+            KVSERVE_TILE_CASE(5) KVSERVE_TILE_CASE(6) KVSERVE_TILE_CASE(7) KVSERVE_TILE_CASE(8)
+            KVSERVE_TILE_CASE(9) KVSERVE_TILE_CASE(10) KVSERVE_TILE_CASE(11) KVSERVE_TILE_CASE(12)
+            KVSERVE_TILE_CASE(13) KVSERVE_TILE_CASE(14) KVSERVE_TILE_CASE(15) KVSERVE_TILE_CASE(16)
+#endif
+            default: break;
+        }
     }
 }
 
 #endif
 
-/* The entry points' common body: nonzero when this build cannot run it (no AVX-512, or no memory). */
+/* The entry points' common body: nonzero when this build cannot run it (no vector path, or no memory). */
 static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const void *packed, int wt,
                   const float *scales, const float *zeros, int64_t n, const float *bias, float *out,
                   int64_t out_stride, int num_threads) {
-#if defined(__AVX512F__)
+#if defined(KVSERVE_VEC16)
     const int64_t blocks = (m + KVSERVE_LINEAR_ROWS - 1) / KVSERVE_LINEAR_ROWS;
     const int64_t block_len = k * KVSERVE_LINEAR_ROWS;
     float *xb = malloc(sizeof(float) * (size_t)(blocks * block_len));
@@ -151,7 +162,6 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t col = t * KVSERVE_LINEAR_TILE;
             const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
-            const __mmask16 lanes = (__mmask16)((1u << width) - 1u);
             const void *w = (const char *)packed + (size_t)t * tile_bytes;
             for (int64_t b = g0; b < g1; b++) {
                 const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
@@ -159,7 +169,7 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
                 const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
                 const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
                 tile_rows(rows, wt, xb + b * block_len, w, k, tile_scales, tile_zeros, bias ? bias + col : NULL,
-                          out + r0 * out_stride + col, out_stride, lanes);
+                          out + r0 * out_stride + col, out_stride, (int)width);
             }
         }
     }
@@ -200,7 +210,8 @@ void kvserve_pack_linear_i8(const int8_t *weight, int64_t n, int64_t k, int8_t *
 }
 
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the packed weight, plus
- * bias [n] when given. Returns nonzero when this build cannot run it (no AVX-512, or no memory). */
+ * bias [n] when given. Returns nonzero when this build cannot run it (neither AVX-512 nor AVX2 + FMA +
+ * F16C, or no memory). */
 int kvserve_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const float *packed, int64_t n,
                        const float *bias, float *out, int64_t out_stride, int num_threads) {
     return linear(x, x_stride, m, k, packed, W_F32, NULL, NULL, n, bias, out, out_stride, num_threads);

@@ -43,7 +43,7 @@ log = logging.getLogger("kvserve.engine")
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
                          "cpu_grid_linear.c", "cpu_lora.c", "cpu_kv_write.c", "cpu_decode_step.c")]
-_HEADERS = [Path(__file__).resolve().with_name("cpu_exp.h")]  # part of the cache key, not compiled alone
+_HEADERS = [Path(__file__).resolve().with_name(name) for name in ("cpu_exp.h", "cpu_vec16.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -228,7 +228,7 @@ def kv_from_f32(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def kv_to_f32(values: torch.Tensor) -> torch.Tensor:
     """A 1-D cache-format tensor widened to float32 as the decode kernel widens it (16 at a time by its
-    AVX-512 loads where the CPU has them, the rest by its scalar loops): for the tests."""
+    vector loads (AVX-512, or AVX2 + F16C) where the CPU has them, the rest by its scalar loops): for the tests."""
     lib = _library()
     if lib is None:
         raise RuntimeError("the native CPU kernels are not available")
@@ -329,7 +329,7 @@ INT4_GROUP = 32  # cpu_linear.c's KVSERVE_LINEAR_I4_GROUP
 
 @functools.cache
 def _linear_runs() -> bool:
-    """Whether this build's linear kernel runs (it needs AVX-512): one 1x1 product, tried once."""
+    """Whether this build's linear kernel runs (it needs AVX-512, or AVX2 + FMA + F16C): one 1x1 product, tried once."""
     lib = _library()
     if lib is None:
         return False
@@ -344,7 +344,7 @@ def decode_step(shape, layers, num_layers: int, x: int, x_out: int, residual_out
 
 
 def linear_available() -> bool:
-    """Whether the native linear kernels run here (a C compiler and AVX-512)."""
+    """Whether the native linear kernels run here (a C compiler, and AVX-512 or AVX2 + FMA + F16C)."""
     return _linear_runs()
 
 
@@ -467,8 +467,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
 def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
                        bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
-    kind `bits` (4, 8 or 16: its Q4, Q8, Q8_HALVES), plus bias; None if the kernel declines (no
-    AVX-512: the caller's other path runs)."""
+    kind `bits` (4, 8 or 16: its Q4, Q8, Q8_HALVES), plus bias; None if the kernel declines (neither
+    AVX-512 nor AVX2 + FMA + F16C: the caller's other path runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None

@@ -52,7 +52,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        # The native kernels' copies (None without them: no compiler, no AVX-512): the grid codes
+        # The native kernels' copies (None without them: no compiler, neither AVX-512 nor AVX2 + FMA): the grid codes
         # where the weight is on a grid (the GGUF file's own codes where the loader read them),
         # else the float32 tiles.
         runs = cpu_native.linear_available()

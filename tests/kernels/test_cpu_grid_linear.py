@@ -14,7 +14,7 @@ from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, NATIVE_MAX_RO
 from kvserve.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
-                                reason="the native linear kernels do not run here (no compiler or no AVX-512)")
+                                reason="the native linear kernels do not run here (no compiler or neither AVX-512 nor AVX2 + FMA)")
 
 
 def _gguf_roundtrip(weight: np.ndarray, kind: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from kvserve.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
-                                reason="the native linear kernel does not run here (no compiler or no AVX-512)")
+                                reason="the native linear kernel does not run here (no compiler or neither AVX-512 nor AVX2 + FMA)")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 130])  # partial and several 16-row blocks, > 64 rows

@@ -54,7 +54,7 @@ def test_attention_equals_reference_across_layers_and_steps(query_lens, decode_p
 @pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
                          [(9, 3, 64, 16), (8, 8, 32, 1), (32, 4, 128, 32), (4, 1, 80, 8),
-                          # the AVX-512 path's shapes: head size 64, 128 or 256 with 1-4 query heads per
+                          # the vector path's shapes: head size 64, 128 or 256 with 1-4 query heads per
                           # kv head; cache blocks shorter and longer than its 16-token chunks
                           (6, 6, 64, 4), (8, 4, 64, 8), (4, 1, 64, 64), (8, 8, 128, 16), (16, 8, 128, 32),
                           (12, 4, 128, 16), (16, 4, 128, 8), (4, 1, 256, 16), (2, 1, 256, 32), (6, 2, 256, 4)])
@@ -125,7 +125,7 @@ def test_sliding_window_attention_never_reads_behind_the_window(query_lens, wind
 @pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
                          [(9, 3, 64, 16), (4, 1, 80, 8), (8, 8, 32, 1),
-                          # the AVX-512 path's: its 16-token chunks must stop at the first block's end
+                          # the vector path's: its 16-token chunks must stop at the first block's end
                           (8, 4, 64, 8), (4, 1, 64, 64), (8, 8, 128, 32), (16, 8, 128, 16), (4, 1, 256, 16)])
 @pytest.mark.parametrize("window", [1, 21, 64])
 def test_native_decode_kernel_with_window(num_heads, num_kv_heads, head_dim, block_size, window):

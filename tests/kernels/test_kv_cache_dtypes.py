@@ -41,16 +41,16 @@ def _all_codes(dtype: torch.dtype) -> torch.Tensor:
 @native_only
 @pytest.mark.parametrize("dtype", COMPRESSED)
 def test_native_widening_is_torchs_on_every_code(dtype):
-    """The decode kernel's two ways of widening (16 at a time in AVX-512 registers, one at a time
+    """The decode kernel's two ways of widening (16 at a time in vector registers, one at a time
     through the format's table) give torch's value for every code, subnormals and signs included."""
     codes = _all_codes(dtype)
     want = codes.float()
-    vectors = cpu_native.kv_to_f32(codes)  # whole 16-value loads where the CPU has AVX-512
+    vectors = cpu_native.kv_to_f32(codes)  # whole 16-value loads where the CPU has a vector path
     one_by_one = torch.cat([cpu_native.kv_to_f32(codes[i:i + 1]) for i in range(codes.numel())]) \
         if dtype != torch.bfloat16 else cpu_native.kv_to_f32(codes[:15])  # the scalar tail
     if dtype == torch.float8_e4m3fn and cpu_native.linear_available():
-        # e4m3fn's two NaN codes (never written: stores clamp) read as +-480 in AVX-512 registers;
-        # a build without AVX-512 widens every code through the table, NaN as torch does.
+        # e4m3fn's two NaN codes (never written: stores clamp) read as +-480 in vector registers;
+        # a build without a vector path (AVX-512, or AVX2 + FMA + F16C) widens every code through the table, NaN as torch does.
         nan = want.isnan()
         assert int(nan.sum()) == 2 and torch.equal(vectors[nan].abs(), torch.full((2,), 480.0))
         vectors, want_v = vectors[~nan], want[~nan]
@@ -105,9 +105,9 @@ def test_store_writes_the_quantized_rows_and_skips_minus_one(dtype, store):
 @native_only
 @pytest.mark.parametrize("dtype", COMPRESSED)
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
-                         [(9, 3, 64, 16),    # SmolLM2's shape: the AVX-512 path, group 3
-                          (8, 8, 128, 16),   # AVX-512, head size 128
-                          (16, 8, 128, 32),  # AVX-512, head size 128, group 2
+                         [(9, 3, 64, 16),    # SmolLM2's shape: the vector path, group 3
+                          (8, 8, 128, 16),   # vector path, head size 128
+                          (16, 8, 128, 32),  # vector path, head size 128, group 2
                           (4, 1, 80, 8),     # the scalar loops (head size 80)
                           (8, 2, 16, 4)])    # the scalar loops (the tiny test model's head size)
 @pytest.mark.parametrize("window", [None, 21])

@@ -14,7 +14,7 @@ from kvserve.kernels import cpu_native
 from tests.backend.models.gguf_writer import quantized_blocks
 
 pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
-                                reason="the native linear kernels do not run here (no compiler or no AVX-512)")
+                                reason="the native linear kernels do not run here (no compiler or neither AVX-512 nor AVX2 + FMA)")
 
 KINDS = {"Q8_0": Q8, "Q4_0": Q8, "Q5_0": Q8, "Q4_1": Q4, "Q4_K": Q4, "Q5_1": Q8_HALVES, "Q5_K": Q8_HALVES,
          "Q6_K": Q8_HALVES}

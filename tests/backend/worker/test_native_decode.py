@@ -16,7 +16,7 @@ from kvserve.kernels import cpu_native
 from tests.conftest import MODEL_CACHE
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not cpu_native.linear_available(),
-                                reason="the native decode step is the CPU path's (AVX-512 and a C compiler)")
+                                reason="the native decode step is the CPU path's (AVX-512 or AVX2 + FMA + F16C, and a C compiler)")
 
 SLIDING_QWEN2 = TinySpec(arch="qwen2", num_heads=4, num_kv_heads=1, sliding_window=8, seed=31)
 # Gemma 3: sliding and full layers with their own rope tables, q/k norms, four norms, GeGLU.
