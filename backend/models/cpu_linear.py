@@ -17,7 +17,8 @@ twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
 tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 6 rows
-kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4),
+kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512;
+under AVX2 only one row: GRID_STRIP_MAX_ROWS),
 then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
 32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.
 The weights the products use are the float32 ones exactly. KVSERVE_CPU_GRID=0 keeps the
@@ -39,7 +40,13 @@ from kvserve.kernels import cpu_native
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 NATIVE_MAX_ROWS = 64  # at most this many rows take the native kernels (see above)
-GRID_STRIP_MAX_ROWS = 6  # at most this many rows take the grid strips; more, the grid tiles (see above)
+# At most this many rows take the grid strips; more, the grid tiles (see above). Under AVX2 the strips
+# take one row per pass over the weight (their accumulators fill its 16 registers), so each row
+# costs a whole stream of it: 14.8 ms of a SmolLM2 step's projections at one row, 26.9 at two, 52.1
+# at four, against the tiles' 18.8, 21.6 and 28.6 (`linear_ab.py --grid`, this 2-core AVX2 machine).
+# A speculative verification's few rows then cost what as many steps do, and the load policy
+# rightly granted no proposals.
+GRID_STRIP_MAX_ROWS = 6 if cpu_native.builds_avx512() else 1
 
 
 class PackedLinear(nn.Module):
