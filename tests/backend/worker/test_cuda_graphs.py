@@ -102,7 +102,8 @@ def test_every_tensor_a_captured_forward_reads_outlives_start_up(llama_dir):
 
     def capture(forward):
         forward()
-        kept.extend(weakref.ref(t) for t in _tensors_in(forward, set()) if t.numel())
+        # A view's memory is its base's: the base is what must live (a view object may be dropped).
+        kept.extend(weakref.ref(t if t._base is None else t._base) for t in _tensors_in(forward, set()) if t.numel())
         return lambda: None
 
     graphs = DecodeGraphs(runner.model, runner.ops, runner.kv_caches, (1, 2, 4), runner.max_model_len,
