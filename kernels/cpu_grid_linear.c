@@ -18,9 +18,9 @@
  *   codes then their constants, so a step reads one stream in memory order, prefetched ahead;
  * - each (output, row) sums in one vector, reduced at the end of the strip.
  *
- * It suits few rows: the codes are expanded once per pass of 4 rows, and from 7 rows on
- * cpu_linear.c's tiles over the same codes, which expand them once for 16 rows, are faster
- * (backend/models/cpu_linear.py switches there). Threads split the strips. The vectors are
+ * It suits few rows: the codes are expanded once per pass of 4 rows (AVX-512; 1 under AVX2), and
+ * from 7 rows on (2 under AVX2) cpu_linear.c's tiles over the same codes are faster
+ * (backend/models/cpu_linear.py's GRID_STRIP_MAX_ROWS switches there). Threads split the strips. The vectors are
  * cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with one row per pass and the same sums in the same
  * order); without either the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
@@ -57,8 +57,10 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     v16 acc[KVSERVE_GRID_OUTS][KVSERVE_GRID_PASS_ROWS];
     for (int o = 0; o < KVSERVE_GRID_OUTS; o++)
         for (int r = 0; r < ROWS; r++) acc[o][r] = v16_zero();
+#if defined(__AVX512F__)
     const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const v16 iota = v16_load(iota_values);
+#endif
     const int64_t step = block_bytes(BITS);
     const int64_t blocks = k / KVSERVE_GRID_GROUP;
     for (int64_t g = 0; g < blocks; g++) {
@@ -73,20 +75,21 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
         const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
         for (int o = 0; o < KVSERVE_GRID_OUTS; o++) {
             v16 w_lo, w_hi;
-            if (BITS == GRID_Q4 && KVSERVE_V16_REGS > 8) {
-                /* byte j of a block: value j in the low nibble, value j + 16 in the high one; the
-                 * lookup reads only an index's low 4 bits. */
-                const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
+            if (BITS == GRID_Q4) {
+                /* byte j of a block: value j in the low nibble, value j + 16 in the high one. */
                 const v16i codes = v16i_from_u8(blk + o * 16);
+#if defined(__AVX512F__)
+                /* One permute a vector from a table of the 16 values; it reads an index's low 4 bits. */
+                const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
                 w_lo = v16_lookup(codes, table);
                 w_hi = v16_lookup(v16i_shr4(codes), table);
-            } else if (BITS == GRID_Q4) {
-                /* AVX2, where the lookup is five instructions a half: q * d + m by one FMA, the same
+#else
+                /* AVX2, where a lookup is five instructions a half: q * d + m by one FMA, the same
                  * rounding of the same product as the table's entry q. */
-                const v16i codes = v16i_from_u8(blk + o * 16);
                 const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
                 w_lo = v16_fma(v16_from_v16i(v16i_low4(codes)), dv, mv);
                 w_hi = v16_fma(v16_from_v16i(v16i_shr4(codes)), dv, mv);
+#endif
             } else if (BITS == GRID_Q8_HALVES) {
                 /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
                 const int8_t *codes = (const int8_t *)(blk + o * 32);

@@ -153,15 +153,6 @@ V16_INLINE v16i v16i_low4(v16i v) {
     return v16i_make(_mm256_and_si256(v.lo, _mm256_set1_epi32(15)), _mm256_and_si256(v.hi, _mm256_set1_epi32(15)));
 }
 V16_INLINE v16 v16_from_v16i(v16i v) { return v16_make(_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)); }
-/* table[idx & 15] for 8 lanes: a permute within each half of the table (index bits 0-2), then
- * bit 3 (moved to the sign) picks the half. */
-V16_INLINE __m256 v16_lookup_half(__m256i idx, v16 table) {
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(table.lo, idx), _mm256_permutevar8x32_ps(table.hi, idx),
-                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-}
-V16_INLINE v16 v16_lookup(v16i idx, v16 table) {
-    return v16_make(v16_lookup_half(idx.lo, table), v16_lookup_half(idx.hi, table));
-}
 V16_INLINE v16 v16_from_bf16(const uint16_t *p) {
     const __m256i h = _mm256_loadu_si256((const __m256i *)p);
     return v16_make(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
