@@ -369,11 +369,12 @@ class ModelRunner:
             logits_indices = torch.tensor([row for i in sample_rows
                                            for row in range(ends[i] - 1 - sched[i].num_spec_tokens, ends[i])],
                                           dtype=torch.int64, device=dev)
-        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         as_decode_rows = self._verifies_as_decode_rows(sched, q_lens)
         if as_decode_rows:  # one query per row, over its own context: see _verifies_as_decode_rows
             seq_lens_t = (positions + 1).to(torch.int32)
             query_start_loc = torch.arange(len(input_ids) + 1, dtype=torch.int64, device=dev)
+        else:
+            seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         group_metas = []
         for g in range(len(self.kv_groups)):
             rows = [self.block_tables[s.request_id][g] for s in sched]
