@@ -4,8 +4,13 @@ One group per axis (gloo, or NCCL for the tensors on CUDA) over one TCPStore ren
 `master_addr:master_port`. Rank r is stage r // tp, tensor-parallel rank r % tp:
 
     control   rank 0 -> workers: each step's SchedulerOutput, as JSON (wire.py) in a uint8 tensor and
-              broadcast. No bound: an idle engine sends nothing for hours, and a worker must
-              wait for it (it still learns at once when rank 0's process dies: the socket closes).
+              broadcast. No bound on a worker's side: an idle engine sends nothing for hours, and
+              a worker must wait for it (it still learns at once when rank 0's process dies: the
+              socket closes). Bounded on rank 0's side: a send completes only once the worker
+              has posted its receive, so a worker stopped while it waited for a step would
+              otherwise hang rank 0 in its next send, where no bounded collective is reached.
+    start-up  the ranks' KV block counts (min_over_ranks), unbounded on every rank: the ranks
+              load their shards at their own pace.
     tensor    the forward's all-reduces and the logits' all-gather, bounded by `timeout_s`: a
               worker that died or stopped makes rank 0's next collective fail within the bound,
               and rank 0 fails the engine (WorkerLost) instead of hanging a request forever.
@@ -60,8 +65,11 @@ class RankGroup:
         if self.tp_size > 1:  # the first stage's keeps the TP-only prefix: same store keys as before PP
             prefix = "tensor" if self.stage == 0 else f"tensor/{self.stage}"
             self.tensor = _make_group(store, prefix, self.tp_rank, self.tp_size, self.timeout, device)
-        # Objects travel on the CPU whatever the device: gloo for the control group always.
-        self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, _FOREVER)
+        # Objects travel on the CPU whatever the device: gloo for the control group always. Each
+        # rank's own timeout: rank 0's sends are bounded, a worker's wait for the next step is not.
+        self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size,
+                                             self.timeout if rank == 0 else _FOREVER)
+        self.startup = dist.ProcessGroupGloo(dist.PrefixStore("startup", store), rank, size, _FOREVER)
         self.pipeline = None
         if self.pp_size > 1:  # group rank = stage
             self.pipeline = _make_group(store, f"pipeline/{self.tp_rank}", self.stage, self.pp_size, self.timeout,
@@ -93,11 +101,11 @@ class RankGroup:
 
     def min_over_ranks(self, value: int) -> int:
         """The smallest of every rank's `value`, at start-up (the KV block count all ranks can hold).
-        On the unbounded control group: the ranks load their shards at their own pace."""
+        On the unbounded start-up group: the ranks load their shards at their own pace."""
         mine = torch.tensor([value], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.size)]
         try:
-            self.control.allgather([parts], [mine]).wait()
+            self.startup.allgather([parts], [mine]).wait()
         except RuntimeError as exc:
             raise WorkerLost(f"tensor parallel start-up failed: {exc}") from exc
         return int(torch.cat(parts).min())

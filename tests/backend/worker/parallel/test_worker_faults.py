@@ -89,3 +89,26 @@ def test_a_worker_lost_while_idle_is_noticed_without_a_request(engine):
     while not engine.fatal and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.fatal and not engine.healthy()
+
+
+def test_a_worker_stopped_while_idle_fails_the_next_request_within_the_bound(engine):
+    """Stopped while it waited for a step (its receive already posted), the worker never takes
+    the step's bytes: rank 0's send must be bounded too, or it hangs before any collective."""
+    worker = engine.engine.runner.executor.procs[0]
+    time.sleep(0.5)  # the worker is in its receive
+    os.kill(worker.pid, signal.SIGSTOP)
+    outs, done = [], threading.Event()
+
+    def callback(out):
+        outs.append(out)
+        if out.finished:
+            done.set()
+
+    started = time.monotonic()
+    try:
+        engine.add_request("next", "a b c", SamplingParams(max_tokens=8, temperature=0), callback)
+        _assert_stopped_cleanly(engine, outs, done, within_s=BOUND_S + 20)
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+    assert time.monotonic() - started >= BOUND_S * 0.9
