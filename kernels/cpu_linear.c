@@ -54,6 +54,41 @@ enum { W_F32 = 0, W_I8 = 1, W_I4 = 2, W_G4 = 3, W_G8 = 4, W_G8H = 5 };
  * same operations in the same order either way. */
 #define KVSERVE_LINEAR_PASS_ROWS (KVSERVE_V16_REGS == 8 ? 6 : KVSERVE_V16_REGS / 2)
 
+/* A tile's 16 weights at input k as float32: the codes widened and, for the grouped formats, given
+ * their group's step and offset (`group_scale`, `group_zero`: reloaded at each group's first k).
+ * The one definition of every format's values: the passes below and the widened chunks use it. */
+static inline __attribute__((always_inline)) v16 tile_weights_at(const int WT, const void *w, int64_t k,
+                                                                 const float *scales, const float *zeros,
+                                                                 v16 *group_scale, v16 *group_zero) {
+    if (WT == W_I4 || WT == W_G4 || WT == W_G8 || WT == W_G8H) {
+        const int64_t group = WT == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP;
+        if ((k & (group - 1)) == 0) {
+            const int64_t g = k / group;
+            *group_scale = v16_load(scales + g * KVSERVE_LINEAR_TILE);
+            if (WT != W_G8) *group_zero = v16_load(zeros + g * KVSERVE_LINEAR_TILE);
+        }
+    }
+    if (WT == W_I4 || WT == W_G4) {
+        const uint8_t *wk = (const uint8_t *)w + k * (KVSERVE_LINEAR_TILE / 2);
+        _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
+        const v16 q = v16_from_u4(wk); /* byte j: outputs 2j (low nibble), 2j + 1 (high) */
+        /* int4: (q - 8) * scale, exact, plus zero in one rounding. Grid: q * d + m in one rounding,
+         * which is q * d then + m since grid_weights.py keeps only steps d that make q * d exact. */
+        return v16_fma(WT == W_I4 ? v16_sub(q, v16_set1(8.0f)) : q, *group_scale, *group_zero);
+    }
+    if (WT == W_I8 || WT == W_G8 || WT == W_G8H) {
+        const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
+        _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
+        v16 wv = v16_from_i8(wk);
+        if (WT == W_G8) wv = v16_mul(wv, *group_scale); /* q * d, one rounding as numpy's */
+        if (WT == W_G8H) wv = v16_fma(wv, *group_scale, *group_zero); /* one rounding (gguf_codes.py) */
+        return wv;
+    }
+    const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
+    _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
+    return v16_load(wk);
+}
+
 /* One pass: ROWS rows of an x block ([K][16], from row `xb`'s column on) times a weight tile ([K][16]
  * values). For int8 the tile's 16 output scales multiply the sums; int4 values are (q - 8) * scale
  * + zero, per group. Outputs [0, width) of each row are stored. */
@@ -65,33 +100,7 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
     for (int r = 0; r < ROWS; r++) acc[r] = v16_zero();
     v16 group_scale = v16_zero(), group_zero = v16_zero();
     for (int64_t k = 0; k < k_len; k++) {
-        v16 wv;
-        if (WT == W_I4 || WT == W_G4 || WT == W_G8 || WT == W_G8H) {
-            const int64_t group = WT == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP;
-            if ((k & (group - 1)) == 0) {
-                const int64_t g = k / group;
-                group_scale = v16_load(scales + g * KVSERVE_LINEAR_TILE);
-                if (WT != W_G8) group_zero = v16_load(zeros + g * KVSERVE_LINEAR_TILE);
-            }
-        }
-        if (WT == W_I4 || WT == W_G4) {
-            const uint8_t *wk = (const uint8_t *)w + k * (KVSERVE_LINEAR_TILE / 2);
-            _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0); /* never faults */
-            const v16 q = v16_from_u4(wk); /* byte j: outputs 2j (low nibble), 2j + 1 (high) */
-            /* int4: (q - 8) * scale, exact, plus zero in one rounding. Grid: q * d + m in one rounding,
-             * which is q * d then + m since grid_weights.py keeps only steps d that make q * d exact. */
-            wv = v16_fma(WT == W_I4 ? v16_sub(q, v16_set1(8.0f)) : q, group_scale, group_zero);
-        } else if (WT == W_I8 || WT == W_G8 || WT == W_G8H) {
-            const int8_t *wk = (const int8_t *)w + k * KVSERVE_LINEAR_TILE;
-            _mm_prefetch((const char *)(wk + KVSERVE_LINEAR_PREFETCH_BYTES), _MM_HINT_T0);
-            wv = v16_from_i8(wk);
-            if (WT == W_G8) wv = v16_mul(wv, group_scale); /* q * d, one rounding as numpy's */
-            if (WT == W_G8H) wv = v16_fma(wv, group_scale, group_zero); /* one rounding (gguf_codes.py) */
-        } else {
-            const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
-            _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
-            wv = v16_load(wk);
-        }
+        const v16 wv = tile_weights_at(WT, w, k, scales, zeros, &group_scale, &group_zero);
         const float *xk = xb + k * KVSERVE_LINEAR_ROWS;
         for (int r = 0; r < ROWS; r++) acc[r] = v16_fma(v16_set1(xk[r]), wv, acc[r]);
     }
@@ -116,10 +125,86 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
             tile_pass(n, W_F32, xb, w, k_len, scales, zeros, bias, out, out_stride, width);  \
         break;
 
+#if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
+/* Under AVX2 a block of more rows than a pass holds takes several passes over a tile, and each pass
+ * would widen the codes again: per k, the nibbles' unpacking and conversion and a group's FMA, as
+ * many instructions as two rows' FMAs, on cores where the FMAs are the bound (one 256-bit FMA a
+ * cycle on these EPYCs). So there the tile's values are widened once per chunk of inputs into
+ * float32 (8 KB, in L1) and every pass runs over the chunk, its rows' sums kept in memory between
+ * chunks. Each row's sums are the same FMAs in the same order as tile_pass's: the same bits. */
+#define KVSERVE_LINEAR_WIDE_CHUNK 128 /* inputs per widened chunk: a multiple of every group */
+_Static_assert(KVSERVE_LINEAR_PASS_ROWS == 6, "tile_rows_widened's cases are AVX2's six rows a pass");
+
+static inline __attribute__((always_inline)) void widen_format(const int WT, const void *w, int64_t k0,
+                                                               int64_t k_len, const float *scales, const float *zeros,
+                                                               v16 *group_scale, v16 *group_zero, float *wide) {
+    for (int64_t k = 0; k < k_len; k++)
+        v16_store(wide + k * KVSERVE_LINEAR_TILE, tile_weights_at(WT, w, k0 + k, scales, zeros, group_scale, group_zero));
+}
+
+static void widen_chunk(int wt, const void *w, int64_t k0, int64_t k_len, const float *scales, const float *zeros,
+                        v16 *group_scale, v16 *group_zero, float *wide) {
+    switch (wt) {
+        case W_I4: widen_format(W_I4, w, k0, k_len, scales, zeros, group_scale, group_zero, wide); break;
+        case W_G4: widen_format(W_G4, w, k0, k_len, scales, zeros, group_scale, group_zero, wide); break;
+        case W_G8: widen_format(W_G8, w, k0, k_len, scales, zeros, group_scale, group_zero, wide); break;
+        case W_G8H: widen_format(W_G8H, w, k0, k_len, scales, zeros, group_scale, group_zero, wide); break;
+        default: widen_format(W_I8, w, k0, k_len, scales, zeros, group_scale, group_zero, wide); break;
+    }
+}
+
+/* ROWS rows' sums (`acc`, in memory) carried over a widened chunk of k_len inputs. */
+static inline __attribute__((always_inline)) void chunk_pass(const int ROWS, const float *xb, const float *wide,
+                                                             int64_t k_len, v16 *acc) {
+    v16 sums[KVSERVE_LINEAR_PASS_ROWS];
+    for (int r = 0; r < ROWS; r++) sums[r] = acc[r];
+    for (int64_t k = 0; k < k_len; k++) {
+        const v16 wv = v16_load(wide + k * KVSERVE_LINEAR_TILE);
+        const float *xk = xb + k * KVSERVE_LINEAR_ROWS;
+        for (int r = 0; r < ROWS; r++) sums[r] = v16_fma(v16_set1(xk[r]), wv, sums[r]);
+    }
+    for (int r = 0; r < ROWS; r++) acc[r] = sums[r];
+}
+
+#define KVSERVE_CHUNK_CASE(n) \
+    case n: chunk_pass(n, xb, wide, len, acc + r0); break;
+
+/* A block's `rows` (more than one pass's) over a tile of codes (not float32), widened chunk by chunk. */
+static void tile_rows_widened(int rows, int wt, const float *block, const void *w, int64_t k_len,
+                              const float *scales, const float *zeros, const float *bias, float *block_out,
+                              int64_t out_stride, int width) {
+    float wide[KVSERVE_LINEAR_WIDE_CHUNK * KVSERVE_LINEAR_TILE] __attribute__((aligned(64)));
+    v16 acc[KVSERVE_LINEAR_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = v16_zero();
+    v16 group_scale = v16_zero(), group_zero = v16_zero();
+    for (int64_t k0 = 0; k0 < k_len; k0 += KVSERVE_LINEAR_WIDE_CHUNK) {
+        const int64_t len = k_len - k0 < KVSERVE_LINEAR_WIDE_CHUNK ? k_len - k0 : KVSERVE_LINEAR_WIDE_CHUNK;
+        widen_chunk(wt, w, k0, len, scales, zeros, &group_scale, &group_zero, wide);
+        for (int r0 = 0; r0 < rows; r0 += KVSERVE_LINEAR_PASS_ROWS) {
+            const float *xb = block + k0 * KVSERVE_LINEAR_ROWS + r0;
+            switch (rows - r0 < KVSERVE_LINEAR_PASS_ROWS ? rows - r0 : KVSERVE_LINEAR_PASS_ROWS) {
+                KVSERVE_CHUNK_CASE(1) KVSERVE_CHUNK_CASE(2) KVSERVE_CHUNK_CASE(3)
+                KVSERVE_CHUNK_CASE(4) KVSERVE_CHUNK_CASE(5) KVSERVE_CHUNK_CASE(6)
+                default: break;
+            }
+        }
+    }
+    const v16 scale = wt == W_I8 ? v16_load_first(scales, width) : v16_set1(1.0f);
+    const v16 b = bias ? v16_load_first(bias, width) : v16_zero();
+    for (int r = 0; r < rows; r++) v16_store_first(block_out + r * out_stride, width, v16_fma(acc[r], scale, b));
+}
+#endif
+
 /* Row counts (and the weight format) as compile-time constants, so that the accumulators stay in
  * registers: a block's `rows` in passes of up to KVSERVE_LINEAR_PASS_ROWS. */
 static void tile_rows(int rows, int wt, const float *block, const void *w, int64_t k_len, const float *scales,
                       const float *zeros, const float *bias, float *block_out, int64_t out_stride, int width) {
+#if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
+    if (wt != W_F32 && rows > KVSERVE_LINEAR_PASS_ROWS) {
+        tile_rows_widened(rows, wt, block, w, k_len, scales, zeros, bias, block_out, out_stride, width);
+        return;
+    }
+#endif
     for (int r0 = 0; r0 < rows; r0 += KVSERVE_LINEAR_PASS_ROWS) {
         const float *xb = block + r0; /* the pass's first row's column of the block */
         float *out = block_out + r0 * out_stride;

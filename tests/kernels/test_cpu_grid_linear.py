@@ -93,19 +93,20 @@ def test_grid_kernel_declines_what_it_does_not_serve():
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows", [1, 7, 16, 17, 70])  # partial and several 16-row blocks, > 64 rows
-def test_grid_tiles_give_the_float32_kernels_results_bit_for_bit(kind, rows):
+@pytest.mark.parametrize("in_features", [96, 288])  # under AVX2 past 6 rows: one widened chunk, then three
+def test_grid_tiles_give_the_float32_kernels_results_bit_for_bit(kind, rows, in_features):
     rng = np.random.default_rng(rows)
-    weight = _gguf_roundtrip((rng.standard_normal((37, 96)) * 0.05).astype(np.float32), kind)
+    weight = _gguf_roundtrip((rng.standard_normal((37, in_features)) * 0.05).astype(np.float32), kind)
     grid = grid_weights.find_grid(weight)
     gen = torch.Generator().manual_seed(rows)
-    bias, x = torch.randn(37, generator=gen), torch.randn(rows, 96, generator=gen)
+    bias, x = torch.randn(37, generator=gen), torch.randn(rows, in_features, generator=gen)
     dense = cpu_native.pack_linear(weight)
     for b in (None, bias):
         got = cpu_native.linear_grid(x, grid.tiles, grid.kind, 37, b)
         assert _same_bits(got, cpu_native.linear(x, dense, 37, b))  # same weights, same summation order
         torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError):
-        cpu_native.linear_grid(torch.zeros(2, 64), grid.tiles, grid.kind, 37, None)  # another width
+        cpu_native.linear_grid(torch.zeros(2, in_features + 32), grid.tiles, grid.kind, 37, None)  # another width
 
 
 def test_packed_linear_reads_the_grid_codes_up_to_64_rows(monkeypatch):
