@@ -18,6 +18,11 @@ from kvserve.backend.spec_decode.suffix_proposer import SuffixProposer
 
 log = logging.getLogger("kvserve.engine")
 
+# On steps the load policy skips the proposer, every this many skips it runs anyway, for shadow
+# checks only (Speculator._shadows): the proposer costs ~0.3-0.6 ms a request on SmolLM2's grounded
+# prompts against a 17-35 ms step at batch 1, so a quarter of the skipped steps is ~1 % at most.
+SHADOW_EVERY_SKIPPED = 4
+
 
 @dataclass(slots=True)
 class SpecDecodeCounters:
@@ -67,6 +72,13 @@ class Speculator:
         self.last_grant = Grant()
         self.num_skipped_steps = 0  # steps the policy did not even run the proposer (tests, benchmarks)
         self._draft_seconds = 0.0
+        # Shadow checks: a proposal's first token that was not verified, checked against the token
+        # the step then emits (request id -> (the token's index, the proposed token)). Without
+        # them the policy would learn acceptance only from what it grants, and once a low estimate
+        # made it grant nothing it would keep that estimate (one proposal per `explore_every`
+        # steps moves it slowly). Not for draft_model, whose unverified proposals are placeholders.
+        self._shadows: dict[str, tuple[int, int]] = {}
+        self._skips_since_shadow = 0
 
     def propose(self, running) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
@@ -75,6 +87,7 @@ class Speculator:
         for req in running:
             req.spec_token_ids = []
         try:
+            self._settle_shadows(running)
             self.proposer.sync(running)
             decodes = [req for req in running if req.num_tokens - req.num_computed_tokens == 1]
             if self.policy is not None:
@@ -84,6 +97,10 @@ class Speculator:
                                                    self.config.num_speculative_tokens):
                     self.num_skipped_steps += 1
                     self.last_grant = Grant({}, "a plain step is faster, proposer included: not proposing")
+                    self._skips_since_shadow += 1
+                    if self.draft is None and self._skips_since_shadow >= SHADOW_EVERY_SKIPPED:
+                        self._skips_since_shadow = 0
+                        self._propose_in_shadow(decodes)
                     return
             started = time.perf_counter()
             for req in decodes:
@@ -98,6 +115,33 @@ class Speculator:
             for req in running:
                 req.spec_token_ids = []
 
+    def _propose_in_shadow(self, decodes) -> None:
+        """Run the proposer on a step the policy skips, only to check its first proposals afterwards
+        (timed like any proposer run: its cost and hit rate stay current too)."""
+        started = time.perf_counter()
+        proposals = {req.request_id: self._proposals(req) for req in decodes}
+        self.policy.observe_proposer(time.perf_counter() - started, len(decodes),
+                                     sum(1 for tokens in proposals.values() if tokens))
+        for req in decodes:
+            if proposals[req.request_id]:
+                self._shadows[req.request_id] = (req.num_tokens, proposals[req.request_id][0])
+
+    def _settle_shadows(self, running) -> None:
+        """The last step's unverified first proposals against the tokens it emitted: one-proposal
+        drafts for the policy's acceptance (a greedy request's token is the one verification would
+        have accepted; a sampled one's equals the proposal with the probability it would have
+        been accepted, q being one-hot). Not counted in the spec_decode metrics: nothing was verified."""
+        shadows, self._shadows = self._shadows, {}
+        if self.policy is None or not shadows:
+            return
+        for req in running:
+            shadow = shadows.get(req.request_id)
+            if shadow is None or req.num_tokens <= shadow[0]:
+                continue  # not running any more, or the step emitted nothing for it (preempted)
+            index, proposed = shadow
+            emitted = req.output_token_ids[index - len(req.prompt_token_ids)]
+            self.policy.observe_draft(req.request_id, 1, int(emitted == proposed))
+
     def _base_tokens(self, running) -> int:
         # The step's tokens without proposals: one per decode, and the prompt chunks still to run
         # (the budget caps them; waiting requests may add more, which only makes the step costlier).
@@ -110,7 +154,10 @@ class Speculator:
         self.last_grant = self.policy.grant(proposals, base, num_decodes)
         for req in running:
             if req.spec_token_ids:
-                del req.spec_token_ids[self.last_grant.num_tokens.get(req.request_id, 0):]
+                granted = self.last_grant.num_tokens.get(req.request_id, 0)
+                if granted == 0 and self.draft is None:
+                    self._shadows[req.request_id] = (req.num_tokens, req.spec_token_ids[0])
+                del req.spec_token_ids[granted:]
 
     def fill(self, sched, requests, shape) -> None:
         """After the schedule: the draft model (if it is the method) replaces the placeholders of

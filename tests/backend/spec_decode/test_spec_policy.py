@@ -171,11 +171,12 @@ def test_the_proposer_is_not_run_when_its_own_cost_makes_speculation_lose():
     assert one.worth_proposing(["a"], base_tokens=1, k=4)
 
 
-def test_the_speculator_skips_the_proposer_and_explores_now_and_then():
+def test_the_speculator_skips_the_proposer_and_explores_now_and_then(monkeypatch):
     from types import SimpleNamespace
 
-    from kvserve.backend.spec_decode import Speculator, parse_speculative_config
+    from kvserve.backend.spec_decode import Speculator, parse_speculative_config, speculator as speculator_module
 
+    monkeypatch.setattr(speculator_module, "SHADOW_EVERY_SKIPPED", 10**9)  # the shadow runs: the next test
     speculator = Speculator(parse_speculative_config({"method": "ngram", "num_speculative_tokens": 4}), 4096, 2048)
     speculator.policy = _costed(0.030, 0.002, rate=0.6, plain=lambda n: 0.030 + 0.002 * n, proposer=0.004,
                                 explore_every=5)
@@ -192,3 +193,34 @@ def test_the_speculator_skips_the_proposer_and_explores_now_and_then():
     # Four steps without even looking, then one exploring step (one proposal each), twice.
     assert granted == [0, 0, 0, 0, 16] * 2
     assert len(calls) == 32 and speculator.num_skipped_steps == 8
+
+
+def test_unverified_first_proposals_are_checked_against_what_the_step_emitted():
+    """A policy that grants nothing still learns acceptance: the proposer runs every
+    SHADOW_EVERY_SKIPPED skipped steps and its first proposals are checked against the tokens the
+    steps emit. Once they keep matching, the estimate climbs until the policy grants again."""
+    from types import SimpleNamespace
+
+    from kvserve.backend.spec_decode import Speculator, parse_speculative_config
+    from kvserve.backend.spec_decode.speculator import SHADOW_EVERY_SKIPPED
+
+    speculator = Speculator(parse_speculative_config({"method": "ngram", "num_speculative_tokens": 4}), 4096, 2048)
+    # 30 ms a plain step, +8 ms a proposal: at an estimated 0.2 acceptance no proposal pays.
+    speculator.policy = _costed(0.030, 0.008, rate=0.2, plain=lambda n: 0.030 * n, explore_every=10**9)
+    assert speculator.policy.acceptance.method_rate == pytest.approx(0.2, abs=0.01)
+    speculator.proposer = SimpleNamespace(sync=lambda running: None, propose=lambda req, k: [7] * k)
+    req = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3], output_token_ids=[4],
+                          sampling_params=SimpleNamespace(max_tokens=None), spec_token_ids=[])
+    req.num_tokens, req.num_output_tokens = 4, 1
+    granted_at = None
+    for step in range(200):
+        req.num_computed_tokens = req.num_tokens - 1  # decoding: one known token left to compute
+        speculator.propose([req])
+        if req.spec_token_ids:
+            granted_at = step
+            break
+        req.output_token_ids.append(7)  # the step emits the token the proposer would have offered
+        req.num_tokens, req.num_output_tokens = req.num_tokens + 1, req.num_output_tokens + 1
+    assert speculator.num_skipped_steps >= SHADOW_EVERY_SKIPPED
+    assert granted_at is not None, "the estimate never recovered"
+    assert speculator.counters.num_drafts == 0  # shadow checks are not verified drafts: not in the metrics
