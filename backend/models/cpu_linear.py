@@ -10,7 +10,7 @@ results differ from sgemm's by float32 rounding only (another summation order).
 At up to 64 rows (decode steps) a second copy of the weight, packed for the
 native kernel of kernels/cpu_linear.c, runs instead: it streams the weight in
 memory order with prefetching, 1.5x faster than oneDNN at 16 rows and 1.1x at
-one row (loadtests/studies/linear_ab.py). Above 64 rows oneDNN stays ahead
+one row (loadtests/studies/cpu_kernels/linear_ab.py). Above 64 rows oneDNN stays ahead
 (1.2x at 1,024 rows), so prefill keeps it. The cost is the weights' memory
 twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
 

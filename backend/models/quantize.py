@@ -8,7 +8,7 @@ stays as loaded, since a step reads only the rows of its tokens).
 
 - int8: symmetric, one scale per output channel. On the CPU with AVX-512 (or AVX2 + FMA) the
   native kernel of kernels/cpu_linear.c runs it on float32 activations (1.2x
-  torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/linear_ab.py
+  torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/cpu_kernels/linear_ab.py
   --int8); elsewhere `aten._weight_int8pack_mm`.
 - int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
   size), the tinygemm convention w = (q - 8) * scale + zero. From 8 rows up the

@@ -1,6 +1,6 @@
 """A/B of the CPU linear layers: oneDNN's packed linear against kernels/cpu_linear.c, alternated.
 
-    .venv/bin/python loadtests/studies/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8 | --int4 | --grid]
+    .venv/bin/python loadtests/studies/cpu_kernels/linear_ab.py --rows 1,16,32,64,256 --rounds 2 [--int8 | --int4 | --grid]
 
 Times one decode step's worth of projections (every layer's qkv, o, gate/up and
 down, then the logits projection) with random weights of the given shapes

@@ -1,6 +1,6 @@
 """The machine's peak rate of the native kernels' 16-lane FMA (kernels/cpu_vec16.h), per thread.
 
-    .venv/bin/python loadtests/studies/fma_peak.py [--threads 1,2] [--weights 134.5e6]
+    .venv/bin/python loadtests/studies/cpu_kernels/fma_peak.py [--threads 1,2] [--weights 134.5e6]
 
 Builds a loop of independent v16 FMAs with the kernels' own compiler and flags and times it on 1
 and on N threads, so the figures say what bounds the projections: one decode row costs one v16
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = Path(__file__).resolve().parents[3] / "kernels"
 
 _SOURCE = r"""
 #include <stdio.h>
