@@ -18,11 +18,12 @@
  *   codes then their constants, so a step reads one stream in memory order, prefetched ahead;
  * - each (output, row) sums in one vector, reduced at the end of the strip.
  *
- * It suits few rows: the codes are expanded once per pass of 4 rows (AVX-512; 1 under AVX2), and
- * from 7 rows on (2 under AVX2) cpu_linear.c's tiles over the same codes are faster
- * (backend/models/cpu_linear.py's GRID_STRIP_MAX_ROWS switches there). Threads split the strips. The vectors are
- * cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with one row per pass and the same sums in the same
- * order); without either the entry point returns nonzero and the caller keeps its other path. */
+ * It suits few rows: the codes are expanded once per pass of 4 rows (AVX-512; under AVX2 one row
+ * a pass, or 2-4 rows with the strip's outputs in turn), and from 5 rows on cpu_linear.c's tiles
+ * over the same codes are faster (backend/models/cpu_linear.py's GRID_STRIP_MAX_ROWS switches
+ * there). A row's sums are the same whatever rows run beside it. Threads split the strips. The
+ * vectors are cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with the same sums in the same order);
+ * without either the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
 
 #define KVSERVE_GRID_GROUP 32 /* inputs per block: GGUF's Q4_1 and Q8_0 block size */
@@ -48,6 +49,40 @@ static inline int64_t block_bytes(int bits) {
  * 1 under AVX2 (4 pairs of its 16). */
 #define KVSERVE_GRID_PASS_ROWS (KVSERVE_V16_REGS / (2 * KVSERVE_GRID_OUTS))
 
+/* Output o's 32 weights of one block as float32 (w_lo: inputs 0-15, w_hi: 16-31), from the codes. */
+static inline __attribute__((always_inline)) void block_weights(const int BITS, const uint8_t *blk, int o, v16 *w_lo,
+                                                                v16 *w_hi) {
+    const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
+    if (BITS == GRID_Q4) {
+        /* byte j of a block: value j in the low nibble, value j + 16 in the high one. */
+        const v16i codes = v16i_from_u8(blk + o * 16);
+#if defined(__AVX512F__)
+        /* One permute a vector from a table of the 16 values; it reads an index's low 4 bits. */
+        const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        const v16 table = v16_fma(v16_set1(d[o]), v16_load(iota_values), v16_set1(d[KVSERVE_GRID_OUTS + o]));
+        *w_lo = v16_lookup(codes, table);
+        *w_hi = v16_lookup(v16i_shr4(codes), table);
+#else
+        /* AVX2, where a lookup is five instructions a half: q * d + m by one FMA, the same
+         * rounding of the same product as the table's entry q. */
+        const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
+        *w_lo = v16_fma(v16_from_v16i(v16i_low4(codes)), dv, mv);
+        *w_hi = v16_fma(v16_from_v16i(v16i_shr4(codes)), dv, mv);
+#endif
+    } else if (BITS == GRID_Q8_HALVES) {
+        /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
+        const int8_t *codes = (const int8_t *)(blk + o * 32);
+        *w_lo = v16_fma(v16_from_i8(codes), v16_set1(d[o]), v16_set1(d[2 * KVSERVE_GRID_OUTS + o]));
+        *w_hi = v16_fma(v16_from_i8(codes + 16), v16_set1(d[KVSERVE_GRID_OUTS + o]),
+                        v16_set1(d[3 * KVSERVE_GRID_OUTS + o]));
+    } else {
+        const v16 scale = v16_set1(d[o]);
+        const int8_t *codes = (const int8_t *)(blk + o * 32);
+        *w_lo = v16_mul(v16_from_i8(codes), scale);
+        *w_hi = v16_mul(v16_from_i8(codes + 16), scale);
+    }
+}
+
 /* ROWS rows times one strip of 4 outputs; results at out[r * out_stride + o] for the `width`
  * outputs that exist. */
 static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const int BITS, const float *x,
@@ -57,10 +92,6 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     v16 acc[KVSERVE_GRID_OUTS][KVSERVE_GRID_PASS_ROWS];
     for (int o = 0; o < KVSERVE_GRID_OUTS; o++)
         for (int r = 0; r < ROWS; r++) acc[o][r] = v16_zero();
-#if defined(__AVX512F__)
-    const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16 iota = v16_load(iota_values);
-#endif
     const int64_t step = block_bytes(BITS);
     const int64_t blocks = k / KVSERVE_GRID_GROUP;
     for (int64_t g = 0; g < blocks; g++) {
@@ -72,36 +103,9 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
             x_lo[r] = v16_load(x + r * x_stride + g * KVSERVE_GRID_GROUP);
             x_hi[r] = v16_load(x + r * x_stride + g * KVSERVE_GRID_GROUP + 16);
         }
-        const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
         for (int o = 0; o < KVSERVE_GRID_OUTS; o++) {
             v16 w_lo, w_hi;
-            if (BITS == GRID_Q4) {
-                /* byte j of a block: value j in the low nibble, value j + 16 in the high one. */
-                const v16i codes = v16i_from_u8(blk + o * 16);
-#if defined(__AVX512F__)
-                /* One permute a vector from a table of the 16 values; it reads an index's low 4 bits. */
-                const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
-                w_lo = v16_lookup(codes, table);
-                w_hi = v16_lookup(v16i_shr4(codes), table);
-#else
-                /* AVX2, where a lookup is five instructions a half: q * d + m by one FMA, the same
-                 * rounding of the same product as the table's entry q. */
-                const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
-                w_lo = v16_fma(v16_from_v16i(v16i_low4(codes)), dv, mv);
-                w_hi = v16_fma(v16_from_v16i(v16i_shr4(codes)), dv, mv);
-#endif
-            } else if (BITS == GRID_Q8_HALVES) {
-                /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
-                const int8_t *codes = (const int8_t *)(blk + o * 32);
-                w_lo = v16_fma(v16_from_i8(codes), v16_set1(d[o]), v16_set1(d[2 * KVSERVE_GRID_OUTS + o]));
-                w_hi = v16_fma(v16_from_i8(codes + 16), v16_set1(d[KVSERVE_GRID_OUTS + o]),
-                               v16_set1(d[3 * KVSERVE_GRID_OUTS + o]));
-            } else {
-                const v16 scale = v16_set1(d[o]);
-                const int8_t *codes = (const int8_t *)(blk + o * 32);
-                w_lo = v16_mul(v16_from_i8(codes), scale);
-                w_hi = v16_mul(v16_from_i8(codes + 16), scale);
-            }
+            block_weights(BITS, blk, o, &w_lo, &w_hi);
             for (int r = 0; r < ROWS; r++) {
                 acc[o][r] = v16_fma(w_lo, x_lo[r], acc[o][r]);
                 acc[o][r] = v16_fma(w_hi, x_hi[r], acc[o][r]);
@@ -112,6 +116,64 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
         for (int r = 0; r < ROWS; r++)
             out[r * out_stride + o] = v16_reduce_add(acc[o][r]) + (bias ? bias[o] : 0.0f);
 }
+
+/* AVX2 at 2-4 rows (a speculative step's verified rows, a small batch): its 16 registers hold one
+ * row of strip_pass's sums, so it would take a pass per row, each widening every code again; the
+ * widening costs about as many instructions as a row's FMAs, on cores where the FMAs are the bound. Here the strip's outputs take turns instead: one output's
+ * sums for every row stay in registers while the strip's blocks pass (a strip is a few KB: the
+ * later outputs find it in L1), so each code is widened once. Each (output, row) sum is
+ * strip_pass's FMAs in strip_pass's order: the same bits as one row at a time. */
+#if KVSERVE_GRID_PASS_ROWS == 1
+#define KVSERVE_GRID_OUTPUT_ROWS 4 /* 8 of AVX2's 16 registers */
+
+static inline __attribute__((always_inline)) void strip_pass_by_output(const int ROWS, const int BITS, const float *x,
+                                                                       int64_t x_stride, int64_t k,
+                                                                       const uint8_t *strip, const float *bias,
+                                                                       float *out, int64_t out_stride, int width) {
+    /* Two outputs a turn at two rows, so that 8 sums are in flight, as at 4 rows: 4 would leave
+     * the FMAs waiting on their latency. A strip's missing outputs have zero codes: safe to run. */
+    const int TURN = ROWS <= 2 ? 2 : 1; /* a constant once inlined */
+    const int64_t step = block_bytes(BITS);
+    const int64_t blocks = k / KVSERVE_GRID_GROUP;
+    for (int o0 = 0; o0 < width; o0 += TURN) {
+        v16 acc[2][KVSERVE_GRID_OUTPUT_ROWS];
+        for (int t = 0; t < TURN; t++)
+            for (int r = 0; r < ROWS; r++) acc[t][r] = v16_zero();
+        for (int64_t g = 0; g < blocks; g++) {
+            const uint8_t *blk = strip + g * step;
+            if (o0 == 0) { /* the strip's first walk reads ahead in memory; the others are in L1 */
+                _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + KVSERVE_GRID_PREFETCH_BYTES + 64, _MM_HINT_T0);
+            }
+            for (int t = 0; t < TURN; t++) {
+                v16 w_lo, w_hi;
+                block_weights(BITS, blk, o0 + t, &w_lo, &w_hi);
+                for (int r = 0; r < ROWS; r++) {
+                    const float *xg = x + r * x_stride + g * KVSERVE_GRID_GROUP;
+                    acc[t][r] = v16_fma(w_lo, v16_load(xg), acc[t][r]);
+                    acc[t][r] = v16_fma(w_hi, v16_load(xg + 16), acc[t][r]);
+                }
+            }
+        }
+        for (int t = 0; t < TURN && o0 + t < width; t++)
+            for (int r = 0; r < ROWS; r++)
+                out[r * out_stride + o0 + t] = v16_reduce_add(acc[t][r]) + (bias ? bias[o0 + t] : 0.0f);
+    }
+}
+
+#define KVSERVE_GRID_OUTPUT_CASE(n)                                                                        \
+    case n:                                                                                                \
+        if (bits == GRID_Q4)                                                                               \
+            strip_pass_by_output(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width);         \
+        else if (bits == GRID_Q8)                                                                          \
+            strip_pass_by_output(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width);         \
+        else                                                                                               \
+            strip_pass_by_output(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);  \
+        break;
+#define KVSERVE_GRID_CALL_ROWS KVSERVE_GRID_OUTPUT_ROWS /* rows per call of strip_rows */
+#else
+#define KVSERVE_GRID_CALL_ROWS KVSERVE_GRID_PASS_ROWS
+#endif
 
 #define KVSERVE_GRID_CASE(n)                                                                        \
     case n:                                                                                         \
@@ -129,6 +191,8 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
         KVSERVE_GRID_CASE(1)
 #if KVSERVE_GRID_PASS_ROWS > 1
         KVSERVE_GRID_CASE(2) KVSERVE_GRID_CASE(3) KVSERVE_GRID_CASE(4)
+#else
+        KVSERVE_GRID_OUTPUT_CASE(2) KVSERVE_GRID_OUTPUT_CASE(3) KVSERVE_GRID_OUTPUT_CASE(4)
 #endif
         default: break;
     }
@@ -149,8 +213,8 @@ int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t
     for (int64_t s = 0; s < strips; s++) {
         const int64_t col = s * KVSERVE_GRID_OUTS;
         const int width = n - col < KVSERVE_GRID_OUTS ? (int)(n - col) : KVSERVE_GRID_OUTS;
-        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_GRID_PASS_ROWS) {
-            const int rows = m - r0 < KVSERVE_GRID_PASS_ROWS ? (int)(m - r0) : KVSERVE_GRID_PASS_ROWS;
+        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_GRID_CALL_ROWS) {
+            const int rows = m - r0 < KVSERVE_GRID_CALL_ROWS ? (int)(m - r0) : KVSERVE_GRID_CALL_ROWS;
             strip_rows(rows, bits, x + r0 * x_stride, x_stride, k, packed + s * strip_bytes, bias ? bias + col : 0,
                        out + r0 * out_stride + col, out_stride, width);
         }

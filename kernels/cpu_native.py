@@ -62,12 +62,6 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def builds_avx512() -> bool:
-    """Whether the library is built for AVX-512 (`-march=native` on a CPU that lists it), rather than
-    for AVX2 + FMA: the kernels' row-count thresholds differ between the two (backend/models/cpu_linear.py)."""
-    return " avx512f" in _cpu_flags()
-
-
 def _build(compiler: str) -> Path:
     source = b"".join(path.read_bytes() for path in (*_SOURCES, *_HEADERS))
     digest = hashlib.sha256(source + " ".join([compiler, *_FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]

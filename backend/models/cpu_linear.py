@@ -16,10 +16,9 @@ twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
 
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
-tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 6 rows
-kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512;
-under AVX2 only one row: GRID_STRIP_MAX_ROWS),
-then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
+tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 4 rows
+kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512:
+GRID_STRIP_MAX_ROWS), then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
 32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.
 The weights the products use are the float32 ones exactly. KVSERVE_CPU_GRID=0 keeps the
 float32 tiles.
@@ -40,13 +39,13 @@ from kvserve.kernels import cpu_native
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 NATIVE_MAX_ROWS = 64  # at most this many rows take the native kernels (see above)
-# At most this many rows take the grid strips; more, the grid tiles (see above). Under AVX2 the strips
-# take one row per pass over the weight (their accumulators fill its 16 registers), so each row
-# costs a whole stream of it: 14.8 ms of a SmolLM2 step's projections at one row, 26.9 at two, 52.1
-# at four, against the tiles' 18.8, 21.6 and 28.6 (`linear_ab.py --grid`, this 2-core AVX2 machine).
-# A speculative verification's few rows then cost what as many steps do, and the load policy
-# rightly granted no proposals.
-GRID_STRIP_MAX_ROWS = 6 if cpu_native.builds_avx512() else 1
+# At most this many rows take the grid strips; more, the grid tiles (see above). One step's projections
+# on SmolLM2's shapes, 2 threads (`linear_ab.py --grid`), strips / tiles in ms: on a Zen 4 EPYC with
+# AVX-512, 5.8 / 9.9 at 1 row, 8.8 / 9.9 at 4, 14.6 / 12.4 at 5, 16.2 / 13.2 at 6; the same machine's
+# AVX2 build (its strips then widen the codes once for 2-4 rows), 7.7 / 11.8 at 1, 10.3 / 13.4 at 2,
+# 14.6 / 15.6 at 4, 20.2 / 17.6 at 5. Before that AVX2 change its strips streamed the whole weight
+# once per row (14.8 / 18.3 ms at 1 row, 26.3 / 21.5 at 2 on a Zen 1 EPYC), and took one row only.
+GRID_STRIP_MAX_ROWS = 4
 
 
 class PackedLinear(nn.Module):

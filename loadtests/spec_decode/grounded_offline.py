@@ -6,9 +6,10 @@ speculation in one process, each prompt run on every side in turn (the order rev
 Without the serving path and the other sides' servers on the same cores, this isolates what the
 load policy and the verification steps do to a request's time per output token (prefill
 included, the same on every side). Besides ms per token per round it prints, per side, the
-drafts and accepted proposals and how often each of the policy's decisions was taken on a step
-with a decoding request (`Grant.reason`, and the proposals it granted). One-off measurement, not
-installed.
+drafts and accepted proposals, how often each of the policy's decisions was taken on a step
+with a decoding request (`Grant.reason`, and the proposals it granted), and the mean time of its
+pure-decode steps by query tokens (1: a plain step; more: one verifying proposals), as the
+policy measures them. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ def _count_decisions(llm: LLM, decisions: collections.Counter) -> None:
     spec.propose = counted
 
 
+def _time_steps(llm: LLM, steps: dict[int, list[float]]) -> None:
+    """Collect the pure-decode steps' forward times by query tokens, as the policy is told them."""
+    spec = llm.engine.speculator
+    observe = spec.observe_step
+
+    def timed(num_tokens: int, seconds: float, num_spec_tokens: int) -> None:
+        observe(num_tokens, seconds, num_spec_tokens)
+        steps.setdefault(num_tokens, []).append(seconds)
+
+    spec.observe_step = timed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sides", default="none,ngram,suffix")
@@ -54,9 +67,11 @@ def main() -> None:
     for llm in llms.values():  # warm-up: the kernels built, the policy's cost lines fitted
         llm.generate(prompts[:2], SamplingParams(max_tokens=64, temperature=0))
     decisions = {side: collections.Counter() for side in sides}
+    steps: dict[str, dict[int, list[float]]] = {side: {} for side in sides}
     for side, llm in llms.items():
         if llm.engine.speculator is not None:
             _count_decisions(llm, decisions[side])
+            _time_steps(llm, steps[side])
     counters0 = {side: _counters(llm) for side, llm in llms.items()}
     params = SamplingParams(max_tokens=args.output_len, temperature=0)
     timed = {side: [[0.0, 0] for _ in range(args.rounds)] for side in sides}
@@ -71,9 +86,13 @@ def main() -> None:
     for side in sides:
         drafts, accepted = (a - b for a, b in zip(_counters(llms[side]), counters0[side]))
         ms = [round(1000 * seconds / tokens, 2) for seconds, tokens in timed[side]]
+        step_ms = {n: [round(1000 * sum(t) / len(t), 2), len(t)] for n, t in sorted(steps[side].items())}
         report[side] = {"ms_per_token_by_round": ms, "draft_tokens": drafts, "accepted_tokens": accepted,
-                        "decisions": dict(decisions[side].most_common())}
+                        "decisions": dict(decisions[side].most_common()), "step_ms_by_query_tokens": step_ms}
         print(f"{side}: ms per output token by round {ms}; proposals {drafts}, accepted {accepted}")
+        if step_ms:
+            print("    mean step ms [steps] by query tokens: "
+                  + ", ".join(f"{n}: {t} [{c}]" for n, (t, c) in step_ms.items()))
         for decision, count in decisions[side].most_common(8):
             print(f"    {count:5d}  {decision}")
     if args.json:

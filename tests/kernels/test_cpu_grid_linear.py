@@ -81,6 +81,19 @@ def test_grid_kernel_is_the_product_with_the_exact_weights(kind, rows):
     assert torch.equal(got, weight[:, :rows * 7:7].T)
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_grid_strips_give_a_row_the_same_bits_whatever_rows_run_beside_it(kind):
+    # A speculative step verifies its proposals as extra rows of the same strips: each row must
+    # come out as it would alone, so that greedy tokens with and without speculation agree exactly.
+    rng = np.random.default_rng(5)
+    weight = _gguf_roundtrip((rng.standard_normal((37, 96)) * 0.05).astype(np.float32), kind)
+    grid = grid_weights.find_grid(weight)
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([cpu_native.grid_linear_strips(x[i:i + 1], grid.strips, grid.kind, 37, None) for i in range(9)])
+    for rows in range(2, 10):  # every pass size and a partial last pass
+        assert _same_bits(cpu_native.grid_linear_strips(x[:rows], grid.strips, grid.kind, 37, None), alone[:rows])
+
+
 def test_grid_kernel_declines_what_it_does_not_serve():
     weight = _gguf_roundtrip((np.random.default_rng(2).standard_normal((8, 64)) * 0.05).astype(np.float32), "Q8_0")
     grid = grid_weights.find_grid(weight)

@@ -94,7 +94,7 @@ def test_linear_tiles(builds, m, n, k, fmt):
     _both(builds, call, (m, n))
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9])
 @pytest.mark.parametrize("bits,block_bytes", [(4, 96), (8, 144), (16, 192)])
 def test_grid_strips(builds, m, bits, block_bytes):
     g = torch.Generator().manual_seed(m + bits)
