@@ -30,14 +30,16 @@
 #define KVSERVE_GRID_OUTS 4 /* outputs per strip: one 64-byte line of 4-bit codes per block */
 #define KVSERVE_GRID_PREFETCH_BYTES (16 * 1024)
 
-/* Code formats: 4-bit affine (d * q + m), 8-bit symmetric (d * q), and 8-bit affine with d and m
- * per half block of 16 inputs (Q5_1's, Q5_K's and Q6_K's codes, backend/models/gguf_codes.py). */
-enum { GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
+/* Code formats: 4-bit affine (d * q + m), 8-bit symmetric (d * q), 8-bit affine with d and m per
+ * half block of 16 inputs (Q5_1's, Q5_K's and Q6_K's codes, backend/models/gguf_codes.py), and
+ * `--quantization int4`'s codes ((q - 8) * d + m, d and m its scale and zero: the value
+ * cpu_linear.c's int4 tiles compute, so the strips serve that mode's few-row steps too). */
+enum { GRID_I4 = 2, GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
 
 /* Bytes of one strip's block: the 4 outputs' codes, then d for each (and m for each, 4-bit; for
  * halves d of the first 16 inputs, d of the last 16, then m likewise). */
 static inline int64_t block_bytes(int bits) {
-    return bits == GRID_Q4   ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8
+    return bits == GRID_Q4 || bits == GRID_I4 ? KVSERVE_GRID_OUTS * 16 + KVSERVE_GRID_OUTS * 8
            : bits == GRID_Q8 ? KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 4
                              : KVSERVE_GRID_OUTS * 32 + KVSERVE_GRID_OUTS * 16;
 }
@@ -52,22 +54,25 @@ static inline int64_t block_bytes(int bits) {
 /* Output o's 32 weights of one block as float32 (w_lo: inputs 0-15, w_hi: 16-31), from the codes. */
 static inline __attribute__((always_inline)) void block_weights(const int BITS, const uint8_t *blk, int o, v16 *w_lo,
                                                                 v16 *w_hi) {
-    const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (BITS == GRID_Q4 ? 16 : 32));
-    if (BITS == GRID_Q4) {
+    const int nibbles = BITS == GRID_Q4 || BITS == GRID_I4;
+    const float *d = (const float *)(blk + KVSERVE_GRID_OUTS * (nibbles ? 16 : 32));
+    if (nibbles) {
         /* byte j of a block: value j in the low nibble, value j + 16 in the high one. */
         const v16i codes = v16i_from_u8(blk + o * 16);
+        const float first = BITS == GRID_I4 ? -8.0f : 0.0f; /* the value of code 0, before d and m */
 #if defined(__AVX512F__)
         /* One permute a vector from a table of the 16 values; it reads an index's low 4 bits. */
         const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-        const v16 table = v16_fma(v16_set1(d[o]), v16_load(iota_values), v16_set1(d[KVSERVE_GRID_OUTS + o]));
+        const v16 iota = v16_add(v16_load(iota_values), v16_set1(first));
+        const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
         *w_lo = v16_lookup(codes, table);
         *w_hi = v16_lookup(v16i_shr4(codes), table);
 #else
-        /* AVX2, where a lookup is five instructions a half: q * d + m by one FMA, the same
-         * rounding of the same product as the table's entry q. */
-        const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
-        *w_lo = v16_fma(v16_from_v16i(v16i_low4(codes)), dv, mv);
-        *w_hi = v16_fma(v16_from_v16i(v16i_shr4(codes)), dv, mv);
+        /* AVX2, where a lookup is five instructions a half: (q + first) * d + m by one FMA, the
+         * same rounding of the same product as the table's entry q. */
+        const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]), fv = v16_set1(first);
+        *w_lo = v16_fma(v16_add(v16_from_v16i(v16i_low4(codes)), fv), dv, mv);
+        *w_hi = v16_fma(v16_add(v16_from_v16i(v16i_shr4(codes)), fv), dv, mv);
 #endif
     } else if (BITS == GRID_Q8_HALVES) {
         /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
@@ -117,6 +122,17 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
             out[r * out_stride + o] = v16_reduce_add(acc[o][r]) + (bias ? bias[o] : 0.0f);
 }
 
+/* `pass`(n rows, the format) for the run-time `bits`, each format a compile-time constant. */
+#define KVSERVE_GRID_FORMATS(pass, n)                                         \
+    if (bits == GRID_Q4)                                                      \
+        pass(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width); \
+    else if (bits == GRID_I4)                                                 \
+        pass(n, GRID_I4, x, x_stride, k, strip, bias, out, out_stride, width); \
+    else if (bits == GRID_Q8)                                                 \
+        pass(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width); \
+    else                                                                      \
+        pass(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);
+
 /* AVX2 at 2-4 rows (a speculative step's verified rows, a small batch): its 16 registers hold one
  * row of strip_pass's sums, so it would take a pass per row, each widening every code again; the
  * widening costs about as many instructions as a row's FMAs, on cores where the FMAs are the bound. Here the strip's outputs take turns instead: one output's
@@ -161,29 +177,15 @@ static inline __attribute__((always_inline)) void strip_pass_by_output(const int
     }
 }
 
-#define KVSERVE_GRID_OUTPUT_CASE(n)                                                                        \
-    case n:                                                                                                \
-        if (bits == GRID_Q4)                                                                               \
-            strip_pass_by_output(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width);         \
-        else if (bits == GRID_Q8)                                                                          \
-            strip_pass_by_output(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width);         \
-        else                                                                                               \
-            strip_pass_by_output(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);  \
-        break;
+#define KVSERVE_GRID_OUTPUT_CASE(n) \
+    case n: KVSERVE_GRID_FORMATS(strip_pass_by_output, n) break;
 #define KVSERVE_GRID_CALL_ROWS KVSERVE_GRID_OUTPUT_ROWS /* rows per call of strip_rows */
 #else
 #define KVSERVE_GRID_CALL_ROWS KVSERVE_GRID_PASS_ROWS
 #endif
 
-#define KVSERVE_GRID_CASE(n)                                                                        \
-    case n:                                                                                         \
-        if (bits == GRID_Q4)                                                                        \
-            strip_pass(n, GRID_Q4, x, x_stride, k, strip, bias, out, out_stride, width);            \
-        else if (bits == GRID_Q8)                                                                   \
-            strip_pass(n, GRID_Q8, x, x_stride, k, strip, bias, out, out_stride, width);            \
-        else                                                                                        \
-            strip_pass(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);     \
-        break;
+#define KVSERVE_GRID_CASE(n) \
+    case n: KVSERVE_GRID_FORMATS(strip_pass, n) break;
 
 static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int64_t k, const uint8_t *strip,
                        const float *bias, float *out, int64_t out_stride, int width) {
@@ -206,7 +208,8 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
 #if defined(KVSERVE_VEC16)
-    if ((bits != GRID_Q4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP) return 3;
+    if ((bits != GRID_Q4 && bits != GRID_I4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP)
+        return 3;
     const int64_t strips = (n + KVSERVE_GRID_OUTS - 1) / KVSERVE_GRID_OUTS;
     const int64_t strip_bytes = k / KVSERVE_GRID_GROUP * block_bytes(bits);
 #pragma omp parallel for schedule(static) num_threads(num_threads)

@@ -30,6 +30,7 @@ from kvserve.backend.models import gguf_codes
 from kvserve.kernels import cpu_native
 
 Q4, Q8, Q8_HALVES = gguf_codes.Q4, gguf_codes.Q8, gguf_codes.Q8_HALVES  # cpu_grid_linear.c's GRID_*
+INT4 = 2  # GRID_I4: `--quantization int4`'s codes, (q - 8) * scale + zero (quantize.py), in Q4's strips
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64
@@ -163,6 +164,14 @@ def _laid_out(kind: int, codes: torch.Tensor, step: torch.Tensor, offset: torch.
     tiles = (cpu_native.pack_grid_tiles_halves(codes, step, offset) if kind == Q8_HALVES
              else cpu_native.pack_grid_tiles(codes, step, offset))
     return GridWeight(strips, tiles, kind, n, k)
+
+
+def int4_strips(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """`--quantization int4`'s codes [N, K] (0..15) with their scale and zero [N, K / 32] in the
+    strips of kind INT4: Q4's layout, for the few-row steps of that mode."""
+    n, k = codes.shape
+    blocks = codes.to(torch.uint8).view(n, k // GROUP, GROUP)
+    return _strips(blocks[..., :16] | (blocks[..., 16:] << 4), [scale, zero])
 
 
 @torch.no_grad()

@@ -11,10 +11,10 @@ stays as loaded, since a step reads only the rows of its tokens).
   torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/cpu_kernels/linear_ab.py
   --int8); elsewhere `aten._weight_int8pack_mm`.
 - int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
-  size), the tinygemm convention w = (q - 8) * scale + zero. From 8 rows up the
-  native kernel runs it on float32 activations (1.45x torch's at 8 rows, 1.4x
-  at 16, 1.2x at 1,024); fewer rows, and machines without it, take
-  `aten._weight_int4pack_mm_for_cpu`.
+  size), the tinygemm convention w = (q - 8) * scale + zero. From 5 rows up the
+  native tile kernel runs it on float32 activations (1.45x torch's at 8 rows, 1.4x
+  at 16, 1.2x at 1,024), up to 4 rows the grid kernel's strips over the same codes;
+  machines without them take `aten._weight_int4pack_mm_for_cpu`.
 
 Torch's kernels are fast only with bfloat16 activations (with float32 ones torch
 falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
@@ -26,13 +26,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvserve.backend.models import grid_weights
+from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS
 from kvserve.kernels import cpu_native
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32
-# Below this many rows torch's int4 kernel is faster than the native one, whose per-value unpacking
-# is then not shared by enough rows (linear_ab.py --int4: 0.63x at 1 row, 0.97x at 4, 1.45x at 8).
-INT4_NATIVE_MIN_ROWS = 8
+# From this many rows the int4 tiles of cpu_linear.c; fewer, the same codes in cpu_grid_linear.c's
+# strips, as for the grid codes. One step's projections on SmolLM2's shapes, ms, torch's int4
+# kernel / the tiles / the strips (linear_ab.py --int4, Zen 4 with AVX-512, 2 threads): 1 row
+# 7.4 / 9.7 / 5.5, 2 rows 8.4 / 10.3 / 6.6, 4 rows 10.3 / 10.9 / 9.9, 6 rows 17.5 / 12.8 / 15.5.
+INT4_NATIVE_MIN_ROWS = GRID_STRIP_MAX_ROWS + 1
 _ACT_DTYPE = torch.bfloat16
 
 
@@ -89,11 +93,18 @@ class Int4Linear(nn.Module):
         # scales and zeros, so it computes the same dequantized weight.
         self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
                        if group_size == cpu_native.INT4_GROUP else None)
+        # Below INT4_NATIVE_MIN_ROWS the same codes in the grid kernel's strips (a row of a decode
+        # step, a speculative step's few rows): each code widened once for all rows, where the
+        # tiles' unpacking is not shared by enough rows. The same weight values as the tiles'.
+        self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1))
+                       if self.native is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.native is not None and x.dim() == 2 and x.dtype == torch.float32
-                and x.shape[0] >= INT4_NATIVE_MIN_ROWS):
-            y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
+        if self.native is not None and x.dim() == 2 and x.dtype == torch.float32:
+            if x.shape[0] >= INT4_NATIVE_MIN_ROWS:
+                y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
+            else:
+                y = cpu_native.grid_linear_strips(x, self.strips, grid_weights.INT4, self.out_features, self.bias)
             if y is not None:
                 return y
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.packed,

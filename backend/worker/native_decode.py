@@ -11,8 +11,7 @@ once per row count; a step only fills in its block tables.
 A step is declined (the per-operation path runs, nothing changed) where the two could differ
 or a kernel is missing: ops other than TorchOps (Triton); non-decode rows or more than 64 rows;
 a KV cache dtype the attention kernel does not read (it reads float32, bfloat16 and both fp8s);
-a projection not on a native kernel at this row count (oneDNN-only, or torch's int4 kernel below
-its native threshold); LoRA stacks other than contiguous float32 ones on the CPU; a
+a projection not on a native kernel at this row count (oneDNN-only); LoRA stacks other than contiguous float32 ones on the CPU; a
 Llama-family model's q/k norms (Qwen3's per-head norm runs in torch; Gemma's is native); exact
 GELU; a tensor-parallel shard (its all-reduces sit between the operations); or a shape beyond the
 attention kernel's bounds.
@@ -32,7 +31,7 @@ import os
 import torch
 
 from kvserve.backend.models import (GRID_STRIP_MAX_ROWS, INT4_NATIVE_MIN_ROWS, NATIVE_MAX_ROWS, Gemma3ForCausalLM,
-                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear)
+                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear, grid_weights)
 from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 
@@ -118,11 +117,13 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     elif type(linear) is Int8Linear and linear.native is not None:
         d = _Linear(_LIN_I8, 0, _ptr(linear.native), _ptr(linear.native_scales), None, bias)
         keep += [linear.native, linear.native_scales]
-    elif (type(linear) is Int4Linear and linear.native is not None
-          and rows >= INT4_NATIVE_MIN_ROWS):
+    elif type(linear) is Int4Linear and linear.native is not None and rows >= INT4_NATIVE_MIN_ROWS:
         w = linear.native
         d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
         keep += [w.codes, w.scales, w.zeros]
+    elif type(linear) is Int4Linear and linear.strips is not None:
+        d = _Linear(_LIN_STRIPS, grid_weights.INT4, _ptr(linear.strips), None, None, bias)
+        keep.append(linear.strips)
     else:
         return None
     d.out_features, d.in_features = linear.out_features, linear.in_features

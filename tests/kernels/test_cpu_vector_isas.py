@@ -95,7 +95,7 @@ def test_linear_tiles(builds, m, n, k, fmt):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9])
-@pytest.mark.parametrize("bits,block_bytes", [(4, 96), (8, 144), (16, 192)])
+@pytest.mark.parametrize("bits,block_bytes", [(2, 96), (4, 96), (8, 144), (16, 192)])
 def test_grid_strips(builds, m, bits, block_bytes):
     g = torch.Generator().manual_seed(m + bits)
     n, k = 37, 128

@@ -9,7 +9,8 @@ engine, the weights come from memory, not from the cache. Each round runs
 oneDNN then the native kernel at every row count; prints ms per step and their
 ratio. With --int8 the weights are `--quantization int8`'s codes and the baseline
 is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
-without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`. With --grid the
+without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`, with the
+int4 codes in the grid kernel's strips as a third side. With --grid the
 float32 weights lie on GGUF's grids (Q4_1 in the layers, Q8_0 in the logits projection, as
 SmolLM2's GGUF), the baseline is the native float32 kernel and the other sides
 kernels/cpu_grid_linear.c's strips and cpu_linear.c's grid tiles over their codes. One-off measurement, not installed.
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+from kvserve.backend.models import grid_weights
 from kvserve.backend.models.grid_weights import find_grid
 from kvserve.backend.models.quantize import Int4Linear, Int8Linear
 from kvserve.kernels import cpu_native
@@ -93,6 +95,7 @@ def main() -> None:
                       for n_layer, q_layer in zip(native, quantized)]
         else:
             native = [[(w, "int4") for w in layer] for layer in native]
+            strips = [[q.strips for q in layer] for layer in quantized]
     else:
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
         baseline = [[(lambda x, d=d: torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")) for d in layer]
@@ -102,9 +105,11 @@ def main() -> None:
     def step(kind: str, xs: list[torch.Tensor]) -> None:
         for layer, (b_layer, n_layer, out_layer) in enumerate(zip(baseline, native, outs)):
             inputs = xs if layer < args.layers else xs[:1]
-            for x, base, (codes, scales), out in zip(inputs, b_layer, n_layer, out_layer):
+            for i, (x, base, (codes, scales), out) in enumerate(zip(inputs, b_layer, n_layer, out_layer)):
                 if kind == "baseline":
                     base(x)
+                elif kind == "tiles" and args.int4:
+                    cpu_native.grid_linear_strips(x, strips[layer][i], grid_weights.INT4, out, None)
                 elif kind == "tiles":
                     cpu_native.linear_grid(x, codes.tiles, codes.kind, out, None)
                 elif scales == "grid":
@@ -119,7 +124,7 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k) for _, k in shapes]
             reps = 10 if rows <= 64 else 3
-            for kind in ("baseline", "native", "tiles") if args.grid else ("baseline", "native"):
+            for kind in ("baseline", "native", "tiles") if args.grid or args.int4 else ("baseline", "native"):
                 step(kind, xs)
                 started = time.perf_counter()
                 for _ in range(reps):
@@ -131,9 +136,10 @@ def main() -> None:
         a, b = statistics.median(r["baseline"]), statistics.median(r["native"])
         other = "grid strips" if args.grid else "native"
         line = f"rows {rows:5d}  {name} {a:8.1f}  {other} {b:8.1f}  {name}/{other} {a / b:5.2f}"
-        if args.grid:
+        if args.grid or args.int4:
             c = statistics.median(r["tiles"])
-            line += f"  grid tiles {c:8.1f}  {name}/tiles {a / c:5.2f}"
+            label = "int4 strips" if args.int4 else "grid tiles"
+            line += f"  {label} {c:8.1f}  {name}/{label.split()[1]} {a / c:5.2f}"
         print(line)
 
 

@@ -8,7 +8,9 @@ import torch
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.engine.config import EngineConfig
+from kvserve.backend.models import grid_weights
 from kvserve.backend.models.quantize import Int4Linear, Int8Linear, quantize_model
+from kvserve.kernels import cpu_native
 from tests.conftest import tiny_model
 
 
@@ -31,8 +33,9 @@ def test_int8_linear_is_the_matmul_of_its_dequantized_weight():
 
 def test_int4_linear_is_exact_on_a_weight_it_can_represent():
     """Groups of 32 whose values are lo + k * step (k in 0..15), lo and step exact in bfloat16:
-    int4 stores them exactly, so the product is x @ W.T up to bfloat16 activations. A wrong
-    zero-point convention or group layout would be off by whole steps."""
+    int4 stores them exactly, so the product is x @ W.T (up to bfloat16 activations on torch's
+    kernel; the native ones keep float32). A wrong zero-point convention or group layout would be
+    off by whole steps."""
     gen = torch.Generator().manual_seed(1)
     out_f, in_f = 48, 128
     codes = torch.randint(0, 16, (out_f, in_f), generator=gen)
@@ -42,7 +45,27 @@ def test_int4_linear_is_exact_on_a_weight_it_can_represent():
     w = (lo + codes.view(out_f, in_f // 32, 32) * step).view(out_f, in_f)
     layer = Int4Linear(w, None)
     x = torch.randn(3, in_f, generator=gen)
-    torch.testing.assert_close(layer(x), _bf16_matmul(x, w), atol=0.05, rtol=0.01)
+    if layer.native is not None:
+        torch.testing.assert_close(layer(x), x @ w.T, atol=1e-4, rtol=1e-5)
+    else:
+        torch.testing.assert_close(layer(x), _bf16_matmul(x, w), atol=0.05, rtol=0.01)
+
+
+@pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None, reason="no native CPU kernels here")
+def test_int4_strips_and_tiles_read_the_same_weights():
+    # Up to 4 rows the int4 codes go through the grid kernel's strips, from 5 the int4 tiles: one-hot
+    # rows read single weights out of each, and they must be the same float32 values.
+    gen = torch.Generator().manual_seed(2)
+    layer = Int4Linear(torch.randn(48, 96, generator=gen) * 0.05, torch.randn(48, generator=gen))
+    eye = torch.eye(96)
+    for rows in range(1, 9):
+        picks = eye[torch.randperm(96, generator=gen)[:rows]]
+        tiles = cpu_native.linear_i4(picks, layer.native, 48, None)
+        strips = cpu_native.grid_linear_strips(picks, layer.strips, grid_weights.INT4, 48, None)
+        assert torch.equal(strips, tiles)
+        x = torch.randn(rows, 96, generator=gen)
+        torch.testing.assert_close(layer(x), cpu_native.linear_i4(x, layer.native, 48, layer.bias),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_int4_needs_group_divisible_inputs():
