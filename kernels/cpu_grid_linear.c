@@ -59,20 +59,25 @@ static inline __attribute__((always_inline)) void block_weights(const int BITS, 
     if (nibbles) {
         /* byte j of a block: value j in the low nibble, value j + 16 in the high one. */
         const v16i codes = v16i_from_u8(blk + o * 16);
-        const float first = BITS == GRID_I4 ? -8.0f : 0.0f; /* the value of code 0, before d and m */
 #if defined(__AVX512F__)
         /* One permute a vector from a table of the 16 values; it reads an index's low 4 bits. */
         const float iota_values[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-        const v16 iota = v16_add(v16_load(iota_values), v16_set1(first));
-        const v16 table = v16_fma(v16_set1(d[o]), iota, v16_set1(d[KVSERVE_GRID_OUTS + o]));
+        const float int4_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7}; /* q - 8 */
+        const v16 q = v16_load(BITS == GRID_I4 ? int4_values : iota_values);
+        const v16 table = v16_fma(v16_set1(d[o]), q, v16_set1(d[KVSERVE_GRID_OUTS + o]));
         *w_lo = v16_lookup(codes, table);
         *w_hi = v16_lookup(v16i_shr4(codes), table);
 #else
-        /* AVX2, where a lookup is five instructions a half: (q + first) * d + m by one FMA, the
-         * same rounding of the same product as the table's entry q. */
-        const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]), fv = v16_set1(first);
-        *w_lo = v16_fma(v16_add(v16_from_v16i(v16i_low4(codes)), fv), dv, mv);
-        *w_hi = v16_fma(v16_add(v16_from_v16i(v16i_shr4(codes)), fv), dv, mv);
+        /* AVX2, where a lookup is five instructions a half: q * d + m (int4: (q - 8) * d + m) by
+         * one FMA, the same rounding of the same product as the table's entry q. */
+        const v16 dv = v16_set1(d[o]), mv = v16_set1(d[KVSERVE_GRID_OUTS + o]);
+        v16 q_lo = v16_from_v16i(v16i_low4(codes)), q_hi = v16_from_v16i(v16i_shr4(codes));
+        if (BITS == GRID_I4) {
+            q_lo = v16_sub(q_lo, v16_set1(8.0f));
+            q_hi = v16_sub(q_hi, v16_set1(8.0f));
+        }
+        *w_lo = v16_fma(q_lo, dv, mv);
+        *w_hi = v16_fma(q_hi, dv, mv);
 #endif
     } else if (BITS == GRID_Q8_HALVES) {
         /* d * q + m in one rounding: gguf_codes.py keeps codes only where that is numpy's value. */
@@ -135,10 +140,11 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
 
 /* AVX2 at 2-4 rows (a speculative step's verified rows, a small batch): its 16 registers hold one
  * row of strip_pass's sums, so it would take a pass per row, each widening every code again; the
- * widening costs about as many instructions as a row's FMAs, on cores where the FMAs are the bound. Here the strip's outputs take turns instead: one output's
- * sums for every row stay in registers while the strip's blocks pass (a strip is a few KB: the
- * later outputs find it in L1), so each code is widened once. Each (output, row) sum is
- * strip_pass's FMAs in strip_pass's order: the same bits as one row at a time. */
+ * widening costs about as many instructions as a row's FMAs, on cores where the FMAs are the
+ * bound. Here the strip's outputs take turns instead: one output's sums for every row stay in
+ * registers while the strip's blocks pass (a strip is a few KB: the later outputs find it in L1),
+ * so each code is widened once. Each (output, row) sum is strip_pass's FMAs in strip_pass's
+ * order: the same bits as one row at a time. */
 #if KVSERVE_GRID_PASS_ROWS == 1
 #define KVSERVE_GRID_OUTPUT_ROWS 4 /* 8 of AVX2's 16 registers */
 

@@ -11,10 +11,10 @@ once per row count; a step only fills in its block tables.
 A step is declined (the per-operation path runs, nothing changed) where the two could differ
 or a kernel is missing: ops other than TorchOps (Triton); non-decode rows or more than 64 rows;
 a KV cache dtype the attention kernel does not read (it reads float32, bfloat16 and both fp8s);
-a projection not on a native kernel at this row count (oneDNN-only); LoRA stacks other than contiguous float32 ones on the CPU; a
-Llama-family model's q/k norms (Qwen3's per-head norm runs in torch; Gemma's is native); exact
-GELU; a tensor-parallel shard (its all-reduces sit between the operations); or a shape beyond the
-attention kernel's bounds.
+a projection not on a native kernel at this row count (oneDNN-only); LoRA stacks other than
+contiguous float32 ones on the CPU; a Llama-family model's q/k norms (Qwen3's per-head norm runs in
+torch; Gemma's is native); exact GELU; a tensor-parallel shard (its all-reduces sit between the
+operations); or a shape beyond the attention kernel's bounds.
 KVSERVE_CPU_DECODE_STEP=0 turns it off (for A/B measurements).
 
 With --enable-lora, steps with adapter rows take it too (issue #33): the slots' stacks and this
