@@ -70,6 +70,8 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
+    STRIP_KIND = grid_weights.INT4  # `strips`' kind for cpu_native.grid_linear_strips
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE) -> None:
         super().__init__()
         out_features, in_features = weight.shape
@@ -104,7 +106,7 @@ class Int4Linear(nn.Module):
             if x.shape[0] >= INT4_NATIVE_MIN_ROWS:
                 y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
             else:
-                y = cpu_native.grid_linear_strips(x, self.strips, grid_weights.INT4, self.out_features, self.bias)
+                y = cpu_native.grid_linear_strips(x, self.strips, self.STRIP_KIND, self.out_features, self.bias)
             if y is not None:
                 return y
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.packed,

@@ -31,7 +31,7 @@ import os
 import torch
 
 from kvserve.backend.models import (GRID_STRIP_MAX_ROWS, INT4_NATIVE_MIN_ROWS, NATIVE_MAX_ROWS, Gemma3ForCausalLM,
-                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear, grid_weights)
+                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear)
 from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 
@@ -122,7 +122,7 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
         d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
         keep += [w.codes, w.scales, w.zeros]
     elif type(linear) is Int4Linear and linear.strips is not None:
-        d = _Linear(_LIN_STRIPS, grid_weights.INT4, _ptr(linear.strips), None, None, bias)
+        d = _Linear(_LIN_STRIPS, Int4Linear.STRIP_KIND, _ptr(linear.strips), None, None, bias)
         keep.append(linear.strips)
     else:
         return None
