@@ -102,12 +102,10 @@ class Speculator:
                         self._skips_since_shadow = 0
                         self._propose_in_shadow(decodes)
                     return
-            started = time.perf_counter()
+            proposals = self._timed_proposals(decodes)
             for req in decodes:
-                req.spec_token_ids = self._proposals(req)
+                req.spec_token_ids = proposals[req.request_id]
             if self.policy is not None:
-                self.policy.observe_proposer(time.perf_counter() - started, len(decodes),
-                                             sum(1 for req in decodes if req.spec_token_ids))
                 self._apply_policy(running, base)
         except Exception:  # noqa: BLE001 - any proposer fault: decode plainly this step
             self.counters.num_proposer_errors += 1
@@ -115,13 +113,19 @@ class Speculator:
             for req in running:
                 req.spec_token_ids = []
 
+    def _timed_proposals(self, decodes) -> dict[str, list[int]]:
+        """Each decoding request's proposals; the proposer's time and hit rate go to the policy."""
+        started = time.perf_counter()
+        proposals = {req.request_id: self._proposals(req) for req in decodes}
+        if self.policy is not None:
+            self.policy.observe_proposer(time.perf_counter() - started, len(decodes),
+                                         sum(1 for tokens in proposals.values() if tokens))
+        return proposals
+
     def _propose_in_shadow(self, decodes) -> None:
         """Run the proposer on a step the policy skips, only to check its first proposals afterwards
         (timed like any proposer run: its cost and hit rate stay current too)."""
-        started = time.perf_counter()
-        proposals = {req.request_id: self._proposals(req) for req in decodes}
-        self.policy.observe_proposer(time.perf_counter() - started, len(decodes),
-                                     sum(1 for tokens in proposals.values() if tokens))
+        proposals = self._timed_proposals(decodes)
         for req in decodes:
             if proposals[req.request_id]:
                 self._shadows[req.request_id] = (req.num_tokens, proposals[req.request_id][0])
