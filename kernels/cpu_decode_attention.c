@@ -53,6 +53,8 @@
 #define KVSERVE_MAX_HEADS 64
 #define KVSERVE_MAX_HEAD_DIM 256
 #define KVSERVE_MAX_BLOCK 64
+/* Rows of one context attended together (attend_rows_vec16); a longer run of them is cut. */
+#define KVSERVE_MAX_GROUP_ROWS 16
 
 /* The caches' element formats (kernels/cpu_native.py's _KV_FORMATS). */
 #define KVSERVE_KV_F32 0
@@ -210,6 +212,81 @@ static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t 
     return (int)(len - t0 < n ? len - t0 : n);
 }
 
+/* One chunk of n tokens into the running softmax of one kv head's G query heads (NV vectors of 16
+ * per head row): their queries at q, their state mx[G], sum[G] and acc[G * NV * 16]. The chunk's
+ * keys are float32 (in load16's unit) at kf, token t's at kf + t * k_stride; its values are read
+ * from element v_first of value_cache on, token t's row_stride elements after token t - 1's. Every
+ * (query head, token) takes the same operations in the same order whatever else the caller
+ * attends, so a query's output has the same bits alone or beside others. */
+static inline __attribute__((always_inline)) void attend_chunk(
+    const int FMT, const int NV, const int G, const float *restrict q, const float *restrict kf, int64_t k_stride,
+    const void *value_cache, int64_t v_first, int64_t row_stride, int n, v16 score_scale, float *restrict mx,
+    float *restrict sum, float *restrict acc) {
+    const int64_t head_dim = NV * 16;
+    float p[4][16];
+    /* [G][NV]: G <= 4, NV <= 16. At NV 16 (head size 256, Gemma 3's) the G x 16 accumulators
+     * outnumber AVX-512's 32 registers and live in L1, which still beats the scalar loops ~2x. */
+    v16 a[4][16];
+    for (int i = 0; i < G; i++) {
+        v16 part[16];
+        for (int t = 0; t < 16; t++) {
+            v16 dot = v16_zero();
+            if (t < n)
+                for (int j = 0; j < NV; j++)
+                    dot = v16_fma(v16_load(q + i * head_dim + j * 16), v16_load(kf + t * k_stride + j * 16), dot);
+            part[t] = dot;
+        }
+        const v16 scores = v16_mul(v16_sum_lanes16(part), score_scale);
+        const float top = v16_reduce_max_first(scores, n);
+        const float new_max = mx[i] > top ? mx[i] : top;
+        const float correction = kvserve_exp(mx[i] - new_max); /* ~0 on the first chunk */
+        const v16 e = v16_keep_first(exp16(v16_sub(scores, v16_set1(new_max))), n);
+        v16_store(p[i], e);
+        sum[i] = sum[i] * correction + v16_reduce_add(e);
+        mx[i] = new_max;
+        const v16 c = v16_set1(correction);
+        for (int j = 0; j < NV; j++) a[i][j] = v16_mul(v16_load(acc + i * head_dim + j * 16), c);
+    }
+    for (int t = 0; t < n; t++) {
+        v16 vv[16];
+        for (int j = 0; j < NV; j++) vv[j] = load16(FMT, value_cache, v_first + t * row_stride + j * 16);
+        for (int i = 0; i < G; i++) {
+            const v16 pt = v16_set1(p[i][t]);
+            for (int j = 0; j < NV; j++) a[i][j] = v16_fma(pt, vv[j], a[i][j]);
+        }
+    }
+    for (int i = 0; i < G; i++)
+        for (int j = 0; j < NV; j++) v16_store(acc + i * head_dim + j * 16, a[i][j]);
+}
+
+/* The float32 keys of the chunk of n tokens whose kv head's row in its first slot is element
+ * kv_first: in place for a float32 cache (token t's at *k_stride elements apart), else widened into
+ * kbuf ([token][head_dim]). */
+static inline __attribute__((always_inline)) const float *chunk_keys(const int FMT, const int NV, const void *key_cache,
+                                                                     int64_t kv_first, int64_t row_stride, int n,
+                                                                     float *restrict kbuf, int64_t *k_stride) {
+    if (FMT == KVSERVE_KV_F32) {
+        *k_stride = row_stride;
+        return (const float *)key_cache + kv_first;
+    }
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < NV; j++)
+            v16_store(kbuf + t * NV * 16 + j * 16, load16(FMT, key_cache, kv_first + t * row_stride + j * 16));
+    *k_stride = NV * 16;
+    return kbuf;
+}
+
+/* Prefetch the `span` bytes from element `at` of each cache, for the m slots from there on. */
+static inline void prefetch_rows(const void *key_cache, const void *value_cache, int64_t bytes, int64_t at, int m,
+                                 int64_t row_stride, int64_t span) {
+    const char *key_bytes = (const char *)key_cache, *value_bytes = (const char *)value_cache;
+    for (int t = 0; t < m; t++)
+        for (int64_t f = 0; f < span; f += 64) { /* a cache line at a time */
+            _mm_prefetch(key_bytes + (at + t * row_stride) * bytes + f, _MM_HINT_T0);
+            _mm_prefetch(value_bytes + (at + t * row_stride) * bytes + f, _MM_HINT_T0);
+        }
+}
+
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
@@ -219,7 +296,6 @@ static inline __attribute__((always_inline)) void attend_vec16(
     const void *value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
     int64_t kv_lo, int64_t kv_hi, int64_t row_stride, int64_t block_size, float scale) {
     const int64_t bytes = kv_element_bytes(FMT);
-    const char *key_bytes = (const char *)key_cache, *value_bytes = (const char *)value_cache;
     const int64_t head_dim = NV * 16;
     const int64_t heads = (kv_hi - kv_lo) * G;
     float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM];
@@ -243,64 +319,16 @@ static inline __attribute__((always_inline)) void attend_vec16(
         const int64_t first =
             ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv_lo * head_dim;
         const int64_t t1 = t0 + n;
-        if (t1 < len) { /* the next chunk's rows, while these are used */
-            const int64_t next =
-                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
-            const int m = chunk_len(t1, len, chunk_max, block_size);
-            for (int t = 0; t < m; t++)
-                for (int64_t f = 0; f < span; f += 64) { /* a cache line at a time */
-                    _mm_prefetch(key_bytes + (next + t * row_stride) * bytes + f, _MM_HINT_T0);
-                    _mm_prefetch(value_bytes + (next + t * row_stride) * bytes + f, _MM_HINT_T0);
-                }
-        }
-                for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
+        if (t1 < len) /* the next chunk's rows, while these are used */
+            prefetch_rows(key_cache, value_cache, bytes,
+                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim,
+                          chunk_len(t1, len, chunk_max, block_size), row_stride, span);
+        for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
-            const float *kf = (const float *)key_cache + kv_first; /* the chunk's keys as float32 ... */
-            int64_t k_stride = row_stride;                         /* ... token t's at kf + t * k_stride */
-            if (FMT != KVSERVE_KV_F32) {
-                for (int t = 0; t < n; t++)
-                    for (int j = 0; j < NV; j++)
-                        v16_store(kbuf + t * head_dim + j * 16,
-                                         load16(FMT, key_cache, kv_first + t * row_stride + j * 16));
-                kf = kbuf;
-                k_stride = head_dim;
-            }
-            float p[4][16];
-            /* [G][NV]: G <= 4, NV <= 16. At NV 16 (head size 256, Gemma 3's) the G x 16 accumulators
-             * outnumber AVX-512's 32 registers and live in L1, which still beats the scalar loops ~2x. */
-            v16 a[4][16];
-            for (int i = 0; i < G; i++) {
-                const int64_t h = kv * G + i;
-                v16 part[16];
-                for (int t = 0; t < 16; t++) {
-                    v16 dot = v16_zero();
-                    if (t < n)
-                        for (int j = 0; j < NV; j++)
-                            dot = v16_fma(v16_load(qh + h * head_dim + j * 16),
-                                                  v16_load(kf + t * k_stride + j * 16), dot);
-                    part[t] = dot;
-                }
-                const v16 scores = v16_mul(v16_sum_lanes16(part), score_scale);
-                const float top = v16_reduce_max_first(scores, n);
-                const float new_max = mx[h] > top ? mx[h] : top;
-                const float correction = kvserve_exp(mx[h] - new_max); /* ~0 on the first chunk */
-                const v16 e = v16_keep_first(exp16(v16_sub(scores, v16_set1(new_max))), n);
-                v16_store(p[i], e);
-                sum[h] = sum[h] * correction + v16_reduce_add(e);
-                mx[h] = new_max;
-                const v16 c = v16_set1(correction);
-                for (int j = 0; j < NV; j++) a[i][j] = v16_mul(v16_load(acc + h * head_dim + j * 16), c);
-            }
-            for (int t = 0; t < n; t++) {
-                v16 vv[16];
-                for (int j = 0; j < NV; j++) vv[j] = load16(FMT, value_cache, kv_first + t * row_stride + j * 16);
-                for (int i = 0; i < G; i++) {
-                    const v16 pt = v16_set1(p[i][t]);
-                    for (int j = 0; j < NV; j++) a[i][j] = v16_fma(pt, vv[j], a[i][j]);
-                }
-            }
-            for (int i = 0; i < G; i++)
-                for (int j = 0; j < NV; j++) v16_store(acc + (kv * G + i) * head_dim + j * 16, a[i][j]);
+            int64_t k_stride;
+            const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
+            attend_chunk(FMT, NV, G, qh + kv * G * head_dim, kf, k_stride, value_cache, kv_first, row_stride, (int)n,
+                         score_scale, mx + kv * G, sum + kv * G, acc + kv * G * head_dim);
         }
     }
     for (int64_t i = 0; i < heads; i++) {
@@ -309,12 +337,72 @@ static inline __attribute__((always_inline)) void attend_vec16(
     }
 }
 
+/* Rows that read one context: the query rows [0, rows) of a request verifying proposals (each
+ * row's query at q + r * q_stride, output at o + r * q_stride, length lens[r], all from position
+ * 0), against one kv head. Each chunk's keys and values come from memory once, for the first row
+ * that reads them; the other rows find them in L1. Row r takes attend_vec16's operations on its
+ * own query in the same order, so its output has the same bits as alone in a plain decode step. */
+static inline __attribute__((always_inline)) void attend_rows_vec16(
+    const int FMT, const int NV, const int G, const float *restrict q, const int32_t *restrict lens, int64_t rows,
+    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table,
+    float *restrict o, int64_t kv, int64_t row_stride, int64_t block_size, float scale) {
+    const int64_t bytes = kv_element_bytes(FMT);
+    const int64_t head_dim = NV * 16;
+    float acc[KVSERVE_MAX_GROUP_ROWS][4 * KVSERVE_MAX_HEAD_DIM];
+    float mx[KVSERVE_MAX_GROUP_ROWS][4], sum[KVSERVE_MAX_GROUP_ROWS][4];
+    int64_t len = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        memset(acc[r], 0, sizeof(float) * (size_t)(G * head_dim));
+        for (int i = 0; i < G; i++) {
+            mx[r][i] = -INFINITY;
+            sum[r][i] = 0.0f;
+        }
+        len = lens[r] > len ? lens[r] : len;
+    }
+    const int64_t chunk_max = block_size < 16 ? block_size : 16;
+    const float unit = FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
+    const v16 score_scale = v16_set1(scale * unit);
+    float kbuf[16 * 16 * 16];
+    for (int64_t t0 = 0, n; t0 < len; t0 += n) {
+        n = chunk_len(t0, len, chunk_max, block_size);
+        const int64_t kv_first =
+            ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv * head_dim;
+        const int64_t t1 = t0 + n;
+        if (t1 < len)
+            prefetch_rows(key_cache, value_cache, bytes,
+                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv * head_dim,
+                          chunk_len(t1, len, chunk_max, block_size), row_stride, head_dim * bytes);
+        int64_t k_stride;
+        const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
+        for (int64_t r = 0; r < rows; r++) {
+            /* a row's chunks are attend_vec16's for its own length: this one, cut at its end */
+            const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
+            if (m > 0)
+                attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
+                             row_stride, (int)m, score_scale, mx[r], sum[r], acc[r]);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int i = 0; i < G; i++) {
+            const v16 inv = v16_set1(unit / sum[r][i]);
+            float *oh = o + r * q_stride + (kv * G + i) * head_dim;
+            for (int j = 0; j < NV; j++) v16_store(oh + j * 16, v16_mul(v16_load(acc[r] + i * head_dim + j * 16), inv));
+        }
+}
+
 #define ATTEND_VEC16(FMT, NV, G)                                                                                 \
     static void attend_vec16_##FMT##_##NV##_##G(const float *q, const void *kc, const void *vc,                  \
                                                  const int32_t *table, int64_t begin, int64_t len, float *o,       \
                                                  int64_t lo, int64_t hi, int64_t row_stride, int64_t block_size,   \
                                                  float scale) {                                                    \
         attend_vec16(FMT, NV, G, q, kc, vc, table, begin, len, o, lo, hi, row_stride, block_size, scale);        \
+    }                                                                                                            \
+    static void attend_rows_vec16_##FMT##_##NV##_##G(const float *q, const int32_t *lens, int64_t rows,         \
+                                                      int64_t q_stride, const void *kc, const void *vc,           \
+                                                      const int32_t *table, float *o, int64_t kv,                 \
+                                                      int64_t row_stride, int64_t block_size, float scale) {      \
+        attend_rows_vec16(FMT, NV, G, q, lens, rows, q_stride, kc, vc, table, o, kv, row_stride, block_size,     \
+                          scale);                                                                                \
     }
 #define ATTEND_VEC16_SHAPES(FMT) \
     ATTEND_VEC16(FMT, 4, 1)      \
@@ -336,21 +424,26 @@ ATTEND_VEC16_SHAPES(3)
 
 typedef void (*attend_fn)(const float *, const void *, const void *, const int32_t *, int64_t, int64_t, float *,
                           int64_t, int64_t, int64_t, int64_t, float);
+typedef void (*attend_rows_fn)(const float *, const int32_t *, int64_t, int64_t, const void *, const void *,
+                               const int32_t *, float *, int64_t, int64_t, int64_t, float);
 
-/* The specialised kernel for this format, head size and group, or NULL (the scalar loops run). */
-static attend_fn vec16_kernel(int fmt, int64_t head_dim, int64_t group) {
-#define KERNELS_OF(FMT)                                                                                          \
-    {attend_vec16_##FMT##_4_1, attend_vec16_##FMT##_4_2, attend_vec16_##FMT##_4_3, attend_vec16_##FMT##_4_4, \
-     attend_vec16_##FMT##_8_1, attend_vec16_##FMT##_8_2, attend_vec16_##FMT##_8_3, attend_vec16_##FMT##_8_4, \
-     attend_vec16_##FMT##_16_1, attend_vec16_##FMT##_16_2, attend_vec16_##FMT##_16_3, attend_vec16_##FMT##_16_4}
-    static const attend_fn kernels[4][12] = {KERNELS_OF(0), KERNELS_OF(1), KERNELS_OF(2), KERNELS_OF(3)};
-#undef KERNELS_OF
-    if (fmt < 0 || fmt > 3 || group < 1 || group > 4) return NULL;
-    if (head_dim == 64) return kernels[fmt][group - 1];
-    if (head_dim == 128) return kernels[fmt][4 + group - 1];
-    if (head_dim == 256) return kernels[fmt][8 + group - 1];
-    return NULL;
+/* Index of the specialised kernels for this format, head size and group, or -1 (the scalar loops run). */
+static int vec16_shape(int fmt, int64_t head_dim, int64_t group) {
+    if (fmt < 0 || fmt > 3 || group < 1 || group > 4) return -1;
+    const int by_dim = head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+    return by_dim < 0 ? -1 : fmt * 12 + by_dim * 4 + (int)group - 1;
 }
+
+#define KERNELS_OF(NAME, FMT)                                                                         \
+    NAME##_##FMT##_4_1, NAME##_##FMT##_4_2, NAME##_##FMT##_4_3, NAME##_##FMT##_4_4, NAME##_##FMT##_8_1, \
+        NAME##_##FMT##_8_2, NAME##_##FMT##_8_3, NAME##_##FMT##_8_4, NAME##_##FMT##_16_1, NAME##_##FMT##_16_2, \
+        NAME##_##FMT##_16_3, NAME##_##FMT##_16_4
+static const attend_fn vec16_kernels[48] = {KERNELS_OF(attend_vec16, 0), KERNELS_OF(attend_vec16, 1),
+                                            KERNELS_OF(attend_vec16, 2), KERNELS_OF(attend_vec16, 3)};
+static const attend_rows_fn vec16_rows_kernels[48] = {
+    KERNELS_OF(attend_rows_vec16, 0), KERNELS_OF(attend_rows_vec16, 1), KERNELS_OF(attend_rows_vec16, 2),
+    KERNELS_OF(attend_rows_vec16, 3)};
+#undef KERNELS_OF
 #endif
 
 #define ATTEND_WITH_HEAD_DIM(D)                                                                                  \
@@ -362,10 +455,35 @@ static attend_fn vec16_kernel(int fmt, int64_t head_dim, int64_t group) {
 ATTEND_WITH_HEAD_DIM(64)
 ATTEND_WITH_HEAD_DIM(128)
 
+#if defined(KVSERVE_VEC16)
+/* Whether rows a and b read one context from position 0: the same block table (a request's verify
+ * rows are copies of its table) and no window that starts either of them later. */
+static int same_context(const int32_t *tables, int64_t table_stride, const int32_t *lens, int64_t window, int64_t a,
+                        int64_t b) {
+    if (window > 0 && (lens[a] > window || lens[b] > window)) return 0;
+    return memcmp(tables + a * table_stride, tables + b * table_stride, sizeof(int32_t) * (size_t)table_stride) == 0;
+}
+
+/* The rows as runs of consecutive rows that read one context (at most KVSERVE_MAX_GROUP_ROWS each):
+ * run i is rows [starts[i], starts[i + 1]). Returns the number of runs. */
+static int64_t context_runs(const int32_t *tables, int64_t table_stride, const int32_t *lens, int64_t window,
+                            int64_t batch, int64_t *starts) {
+    int64_t runs = 0;
+    for (int64_t b = 0; b < batch; b++)
+        if (b == 0 || b - starts[runs - 1] == KVSERVE_MAX_GROUP_ROWS ||
+            !same_context(tables, table_stride, lens, window, b - 1, b))
+            starts[runs++] = b;
+    starts[runs] = batch;
+    return runs;
+}
+#endif
+
 /* Returns 0, or -1 when the shapes exceed the stack buffers' limits or the format is unknown (nothing
  * is written then). `values`: the fp8 format's 256 values (NULL for float32 and bfloat16 caches).
  * Work items are whole requests when there are enough of them to keep every thread busy (each
- * cache block is then streamed once, front to back), else (request, kv head) pairs. */
+ * cache block is then streamed once, front to back), else (request, kv head) pairs. Consecutive
+ * rows that read one context (a request verifying proposals, on the vector path) are attended
+ * together, a (run of rows, kv head) pair per work item: their context is read once, not once a row. */
 int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
                          const float *values, const int32_t *tables, int64_t table_stride, const int32_t *lens,
                          float *out, int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -376,16 +494,47 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
     if (kv_format < KVSERVE_KV_F32 || kv_format > KVSERVE_KV_FP8_E5M2 || (kv_format >= KVSERVE_KV_FP8_E4M3 && !values))
         return -1;
     const int64_t row_stride = num_kv_heads * head_dim; /* floats between consecutive slots */
+    const int64_t q_stride = num_heads * head_dim;
+#if defined(KVSERVE_VEC16)
+    const int shape = vec16_shape(kv_format, head_dim, group);
+    const attend_fn fast = shape >= 0 ? vec16_kernels[shape] : NULL;
+    if (fast && batch > 1) {
+        int64_t starts[batch + 1];
+        const int64_t runs = context_runs(tables, table_stride, lens, window, batch, starts);
+        if (runs < batch) {
+            const attend_rows_fn fast_rows = vec16_rows_kernels[shape];
+            /* Fewer (run, kv head) pairs than twice the threads: each run's rows are cut into parts,
+             * so that no thread waits on another's whole run (a part re-reads the context, from the
+             * shared cache when its sibling part ran just before). */
+            const int64_t pairs = runs * num_kv_heads;
+            const int64_t parts = pairs >= 2 * (int64_t)num_threads ? 1 : (2 * num_threads + pairs - 1) / pairs;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+            for (int64_t item = 0; item < pairs * parts; ++item) {
+                const int64_t run = item / (num_kv_heads * parts), kv = item / parts % num_kv_heads;
+                const int64_t run_rows = starts[run + 1] - starts[run], per_part = (run_rows + parts - 1) / parts;
+                const int64_t b = starts[run] + item % parts * per_part;
+                const int64_t end = b + per_part < starts[run + 1] ? b + per_part : starts[run + 1];
+                const int32_t *table = tables + b * table_stride;
+                if (end - b > 1) {
+                    fast_rows(query + b * q_stride, lens + b, end - b, q_stride, key_cache, value_cache, table,
+                              out + b * q_stride, kv, row_stride, block_size, scale);
+                } else if (end - b == 1) {
+                    const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
+                    fast(query + b * q_stride, key_cache, value_cache, table, begin, len, out + b * q_stride, kv,
+                         kv + 1, row_stride, block_size, scale);
+                }
+            }
+            return 0;
+        }
+    }
+#endif
     const int64_t split = batch >= 2 * (int64_t)num_threads ? 1 : num_kv_heads; /* items per request */
     const int64_t items = batch * split, heads_per_item = num_kv_heads / split;
-#if defined(KVSERVE_VEC16)
-    const attend_fn fast = vec16_kernel(kv_format, head_dim, group);
-#endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t item = 0; item < items; ++item) {
         const int64_t b = item / split, lo = (item % split) * heads_per_item;
-        const float *q = query + b * num_heads * head_dim;
-        float *o = out + b * num_heads * head_dim;
+        const float *q = query + b * q_stride;
+        float *o = out + b * q_stride;
         const int32_t *table = tables + b * table_stride;
         const int64_t hi = lo + heads_per_item;
         const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;

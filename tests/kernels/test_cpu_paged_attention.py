@@ -141,6 +141,35 @@ def test_native_decode_kernel_with_window(num_heads, num_kv_heads, head_dim, blo
     assert_close(got, windowed_reference(query, kv, query_lens, 0.1, window), torch.float32)
 
 
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
+                         [(9, 3, 64, 16), (8, 2, 128, 8), (4, 1, 256, 32), (6, 6, 64, 4)])
+@pytest.mark.parametrize("window", [0, 40])
+def test_rows_that_read_one_context_get_the_bits_they_get_alone(dtype, num_heads, num_kv_heads, head_dim,
+                                                                block_size, window):
+    """A request verifying proposals brings consecutive rows over one block table (lengths p + 1, p + 2,
+    ...), which the kernel attends together, reading the context once. Each row must come out with
+    the bits it has alone in a plain decode step, so that a verified token is the one plain decoding
+    picks: runs that end inside and on the edge of a 16-token chunk, a run longer than the kernel's
+    16 rows, single rows between runs, and (with a window) rows that start past position 0."""
+    gen = torch.Generator().manual_seed(num_heads * head_dim + block_size + window)
+    kv = make_paged_kv([320, 90], num_kv_heads, head_dim, block_size, torch.float32, torch.device("cpu"), gen)
+    key_cache, value_cache = kv.key_cache.to(dtype), kv.value_cache.to(dtype)
+    rows = [(0, n) for n in (15, 16, 17, 18, 33)] + [(1, 90)] + [(0, n) for n in range(31, 50)] + [(1, 1), (1, 2)]
+    tables = kv.block_tables[[r for r, _ in rows]].contiguous()
+    lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    query = torch.randn(len(rows), num_heads, head_dim, generator=gen)
+    together = cpu_native.paged_decode(query, key_cache, value_cache, tables, lens, 0.125, window=window)
+    for i in range(len(rows)):
+        alone = cpu_native.paged_decode(query[i:i + 1], key_cache, value_cache, tables[i:i + 1], lens[i:i + 1], 0.125,
+                                        window=window)
+        assert torch.equal(alone[0], together[i]), i
+    if not window:  # (the windowed rows alone are checked against the reference above)
+        want = paged_decode_attention_torch(query, key_cache.float(), value_cache.float(), tables, lens, 0.125)
+        assert_close(together, want, torch.float32)
+
+
 def test_store_kv_equals_reference_with_skipped_slots():
     gen = torch.Generator().manual_seed(3)
     ops = TorchOps()

@@ -112,12 +112,13 @@ def test_grid_strips(builds, m, bits, block_bytes):
 @pytest.mark.parametrize("window", [0, 50])
 def test_paged_decode_and_widening(builds, dtype, heads, kv_heads, head_dim, block_size, window):
     g = torch.Generator().manual_seed(heads * head_dim + block_size)
-    lens = torch.tensor([300, 77, 129], dtype=torch.int32)
+    # rows 0-2: one request verifying proposals (one table; attended together without a window)
+    lens = torch.tensor([300, 301, 317, 77, 129], dtype=torch.int32)
     per = (int(lens.max()) + block_size - 1) // block_size
-    blocks = len(lens) * per + 1
+    blocks = 3 * per + 1
     key = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
     value = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    tables = (torch.randperm(blocks - 1, generator=g)[:len(lens) * per] + 1).to(torch.int32).view(len(lens), per)
+    tables = (torch.randperm(blocks - 1, generator=g)[:3 * per] + 1).to(torch.int32).view(3, per)[[0, 0, 0, 1, 2]]
     query = torch.randn(len(lens), heads, head_dim, generator=g)
     fmt, values = cpu_native._KV_FORMATS[dtype], cpu_native._kv_values(dtype)
     _both(builds, lambda lib, out: lib.kvserve_paged_decode(
