@@ -229,12 +229,22 @@ static inline __attribute__((always_inline)) void attend_chunk(
     v16 a[4][16];
     for (int i = 0; i < G; i++) {
         v16 part[16];
-        for (int t = 0; t < 16; t++) {
-            v16 dot = v16_zero();
-            if (t < n)
+        if (n == 16) { /* a whole chunk: unrolled, so that the tokens' FMA chains interleave */
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) {
+                v16 dot = v16_zero();
                 for (int j = 0; j < NV; j++)
                     dot = v16_fma(v16_load(q + i * head_dim + j * 16), v16_load(kf + t * k_stride + j * 16), dot);
-            part[t] = dot;
+                part[t] = dot;
+            }
+        } else {
+            for (int t = 0; t < 16; t++) {
+                v16 dot = v16_zero();
+                if (t < n)
+                    for (int j = 0; j < NV; j++)
+                        dot = v16_fma(v16_load(q + i * head_dim + j * 16), v16_load(kf + t * k_stride + j * 16), dot);
+                part[t] = dot;
+            }
         }
         const v16 scores = v16_mul(v16_sum_lanes16(part), score_scale);
         const float top = v16_reduce_max_first(scores, n);
@@ -249,7 +259,11 @@ static inline __attribute__((always_inline)) void attend_chunk(
     }
     for (int t = 0; t < n; t++) {
         v16 vv[16];
-        for (int j = 0; j < NV; j++) vv[j] = load16(FMT, value_cache, v_first + t * row_stride + j * 16);
+        /* a token's values loaded once for the G heads, where they and the accumulators fit the registers */
+        for (int j = 0; j < NV; j++) {
+            vv[j] = load16(FMT, value_cache, v_first + t * row_stride + j * 16);
+            if (NV * (G + 1) < KVSERVE_V16_REGS) vv[j] = v16_in_register(vv[j]);
+        }
         for (int i = 0; i < G; i++) {
             const v16 pt = v16_set1(p[i][t]);
             for (int j = 0; j < NV; j++) a[i][j] = v16_fma(pt, vv[j], a[i][j]);

@@ -31,6 +31,12 @@ typedef __m512i v16i; /* 16 int32 lanes */
 V16_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 V16_INLINE v16 v16_set1(float x) { return _mm512_set1_ps(x); }
 V16_INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+/* v as it is, but held in a register from here on: the compiler may not fold the load that made it
+ * into each instruction that reads it (it would load it again for each). */
+V16_INLINE v16 v16_in_register(v16 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
 V16_INLINE void v16_store(float *p, v16 v) { _mm512_storeu_ps(p, v); }
 V16_INLINE __mmask16 v16_first_mask(int n) { return (__mmask16)((1u << n) - 1u); }
 /* Lanes [0, n) from p, the rest zero (and not read). */
@@ -100,6 +106,10 @@ V16_INLINE v16i v16i_make(__m256i lo, __m256i hi) { v16i r = {lo, hi}; return r;
 V16_INLINE v16 v16_zero(void) { return v16_make(_mm256_setzero_ps(), _mm256_setzero_ps()); }
 V16_INLINE v16 v16_set1(float x) { return v16_make(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
 V16_INLINE v16 v16_load(const float *p) { return v16_make(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+V16_INLINE v16 v16_in_register(v16 v) {
+    __asm__("" : "+x"(v.lo), "+x"(v.hi));
+    return v;
+}
 V16_INLINE void v16_store(float *p, v16 v) {
     _mm256_storeu_ps(p, v.lo);
     _mm256_storeu_ps(p + 8, v.hi);
