@@ -1,14 +1,17 @@
 """Time the native CPU decode attention (kernels/cpu_decode_attention.c) over one decode step's layers.
 
     .venv/bin/python loadtests/studies/decode_attention_bench.py --batch 16 --context 320 [--resident] \
-        [--kv-dtype float32|bfloat16|fp8_e4m3|fp8_e5m2]
+        [--kv-dtype float32|bfloat16|fp8_e4m3|fp8_e5m2] [--verify-rows R]
 
 Every layer has its own cache blocks, placed at random through the cache as a long-running
 server's free list leaves them; --resident gives every layer the same blocks, so that the K/V
 stays in the CPU's caches and the time is the kernel's arithmetic. SmolLM2-135M's shapes by
 default (9 query heads, 3 kv heads of 64, 30 layers). Prints ms per step (best of --rounds)
 and the K/V bytes over that time, beside `torch.sum` over as many bytes (what this machine
-streams). --kv-dtype stores the caches in that dtype (the kernel widens them as it loads them). To compare kernels, run it on two commits. One-off measurement, not installed.
+streams). --kv-dtype stores the caches in that dtype (the kernel widens them as it loads them).
+--verify-rows R gives each request R query rows over its one block table, lengths context ..
+context + R - 1, as a step that verifies R - 1 proposals brings them (the kernel attends such rows
+together). To compare kernels, run it on two commits. One-off measurement, not installed.
 """
 from __future__ import annotations
 
@@ -33,11 +36,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--resident", action="store_true", help="every layer reads the same blocks")
     p.add_argument("--kv-dtype", default="float32", choices=("float32", "bfloat16", "fp8_e4m3", "fp8_e5m2"))
+    p.add_argument("--verify-rows", type=int, default=1, help="query rows per request (1 + proposals)")
     args = p.parse_args()
     if not cpu_native.available():
         raise SystemExit("the native kernels are not built here (no C compiler)")
     gen = torch.Generator().manual_seed(0)
-    per_request = -(-args.context // args.block_size)
+    per_request = -(-(args.context + args.verify_rows - 1) // args.block_size)
     per_layer = args.batch * per_request
     num_blocks = per_layer * (1 if args.resident else args.layers)
     shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
@@ -46,8 +50,10 @@ def main() -> None:
     order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     tables = [order[(0 if args.resident else layer) * per_layer:][:per_layer].view(args.batch, per_request).contiguous()
               for layer in range(args.layers)]
-    seq_lens = torch.full((args.batch,), args.context, dtype=torch.int32)
-    query = torch.randn(args.batch, args.heads, args.head_dim, generator=gen)
+    rows = args.verify_rows
+    seq_lens = (torch.arange(rows, dtype=torch.int32) + args.context).repeat(args.batch)
+    tables = [table.repeat_interleave(rows, dim=0).contiguous() for table in tables]
+    query = torch.randn(args.batch * rows, args.heads, args.head_dim, generator=gen)
     scale = args.head_dim ** -0.5
 
     def step() -> None:
@@ -66,7 +72,7 @@ def main() -> None:
     started = time.perf_counter()
     stream.sum()
     summed = time.perf_counter() - started
-    print(f"{args.kv_dtype} KV, batch {args.batch} context {args.context} "
+    print(f"{args.kv_dtype} KV, batch {args.batch} x {rows} rows, context {args.context} "
           f"({'resident' if args.resident else 'scattered'} blocks): "
           f"{best * 1e3:.2f} ms per step, {kv_bytes / 1e6:.0f} MB of K/V at {kv_bytes / best / 1e9:.1f} GB/s; "
           f"torch.sum over as many bytes {summed * 1e3:.2f} ms ({kv_bytes / summed / 1e9:.1f} GB/s)")
