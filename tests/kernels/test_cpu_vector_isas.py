@@ -108,7 +108,7 @@ def test_grid_strips(builds, m, bits, block_bytes):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (8, 8, 128, 16), (8, 4, 128, 32),
-                                                                (8, 2, 256, 16)])
+                                                                (8, 2, 256, 16), (4, 1, 256, 16)])
 @pytest.mark.parametrize("window", [0, 50])
 def test_paged_decode_and_widening(builds, dtype, heads, kv_heads, head_dim, block_size, window):
     g = torch.Generator().manual_seed(heads * head_dim + block_size)
@@ -121,10 +121,11 @@ def test_paged_decode_and_widening(builds, dtype, heads, kv_heads, head_dim, blo
     tables = (torch.randperm(blocks - 1, generator=g)[:3 * per] + 1).to(torch.int32).view(3, per)[[0, 0, 0, 1, 2]]
     query = torch.randn(len(lens), heads, head_dim, generator=g)
     fmt, values = cpu_native._KV_FORMATS[dtype], cpu_native._kv_values(dtype)
-    _both(builds, lambda lib, out: lib.kvserve_paged_decode(
-        query.data_ptr(), key.data_ptr(), value.data_ptr(), fmt, values, tables.data_ptr(), per, lens.data_ptr(),
-        out.data_ptr(), len(lens), heads, kv_heads, head_dim, block_size, window, head_dim ** -0.5, 2),
-        tuple(query.shape))
+    for rows in (len(lens), 1):  # one row: with one kv head (4, 1, 256) its query heads go in two halves
+        _both(builds, lambda lib, out: lib.kvserve_paged_decode(
+            query.data_ptr(), key.data_ptr(), value.data_ptr(), fmt, values, tables.data_ptr(), per, lens.data_ptr(),
+            out.data_ptr(), rows, heads, kv_heads, head_dim, block_size, window, head_dim ** -0.5, 2),
+            (rows, *query.shape[1:]))
 
     def widen(lib, out):
         lib.kvserve_kv_to_f32(key.data_ptr(), fmt, values, out.numel(), out.data_ptr())
