@@ -545,7 +545,7 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
      * head left the second thread idle): each kv head's query heads are cut in two halves, an item
      * each. Both halves read the kv head's context: only worth it where a thread would otherwise
      * have nothing (SmolLM2's 3 kv heads on 2 threads ran 1.1-1.3x slower cut so, the reads
-     * doubling; Gemma's attention at batch 1 runs 0.53-0.56x at 300 tokens of context, 0.84x at
+     * doubling; Gemma's attention at batch 1 runs 0.53-0.59x at 300 tokens of context, 0.84x at
      * 600). A query head's operations do not depend on the others' in its group: its output has
      * the same bits. */
     if (fast && group >= 2 && batch * num_kv_heads < (int64_t)num_threads) {
