@@ -469,12 +469,15 @@ static const attend_rows_fn vec16_rows_kernels[48] = {
 ATTEND_WITH_HEAD_DIM(64)
 ATTEND_WITH_HEAD_DIM(128)
 
+/* The first position a query at length len sees: its window's start, or 0. */
+static inline int64_t first_visible(int64_t len, int64_t window) { return window > 0 && len > window ? len - window : 0; }
+
 #if defined(KVSERVE_VEC16)
 /* Whether rows a and b read one context from position 0: the same block table (a request's verify
  * rows are copies of its table) and no window that starts either of them later. */
 static int same_context(const int32_t *tables, int64_t table_stride, const int32_t *lens, int64_t window, int64_t a,
                         int64_t b) {
-    if (window > 0 && (lens[a] > window || lens[b] > window)) return 0;
+    if (first_visible(lens[a], window) || first_visible(lens[b], window)) return 0;
     return memcmp(tables + a * table_stride, tables + b * table_stride, sizeof(int32_t) * (size_t)table_stride) == 0;
 }
 
@@ -533,7 +536,7 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
                     fast_rows(query + b * q_stride, lens + b, end - b, q_stride, key_cache, value_cache, table,
                               out + b * q_stride, kv, row_stride, block_size, scale);
                 } else if (end - b == 1) {
-                    const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
+                    const int64_t len = lens[b], begin = first_visible(len, window);
                     fast(query + b * q_stride, key_cache, value_cache, table, begin, len, out + b * q_stride, kv,
                          kv + 1, row_stride, block_size, scale);
                 }
@@ -556,7 +559,7 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
         for (int64_t item = 0; item < batch * num_kv_heads * 2; ++item) {
             const int64_t b = item / (num_kv_heads * 2), kv = item / 2 % num_kv_heads, half = item % 2;
             const int64_t at = b * q_stride + (kv * group + half * first_half) * head_dim; /* its first query head */
-            const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
+            const int64_t len = lens[b], begin = first_visible(len, window);
             /* the caches from this kv head's row on, so that the half reads it as its kv head 0 */
             halves[half](query + at, (const char *)key_cache + kv * head_dim * bytes,
                          (const char *)value_cache + kv * head_dim * bytes, tables + b * table_stride, begin, len,
@@ -574,7 +577,7 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
         float *o = out + b * q_stride;
         const int32_t *table = tables + b * table_stride;
         const int64_t hi = lo + heads_per_item;
-        const int64_t len = lens[b], begin = window > 0 && len > window ? len - window : 0;
+        const int64_t len = lens[b], begin = first_visible(len, window);
 #if defined(KVSERVE_VEC16)
         if (fast) {
             fast(q, key_cache, value_cache, table, begin, len, o, lo, hi, row_stride, block_size, scale);
