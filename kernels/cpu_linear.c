@@ -16,8 +16,8 @@
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
  *   stay in L2 across tiles (oneDNN is still 1.2x faster at 1,024 float32 rows, so float32
  *   prefill keeps it; torch's int8 and int4 kernels are slower than this one at every size);
- * - the weight is prefetched 32 KB ahead: with the hardware prefetcher alone the loop waited on
- *   memory, and 16-row steps ran no faster than oneDNN's;
+ * - the weight is prefetched 32 KB ahead (float32 into L2, codes into L1): with the hardware
+ *   prefetcher alone the loop waited on memory, and 16-row steps ran no faster than oneDNN's;
  * - int8 codes are widened to float32 in registers and the sums scaled per output; int4 codes
  *   become (q - 8) * scale + zero with one scale and zero per output and group of 32 inputs (the
  *   tinygemm convention of backend/models/quantize.py).
@@ -85,7 +85,11 @@ static inline __attribute__((always_inline)) v16 tile_weights_at(const int WT, c
         return wv;
     }
     const float *wk = (const float *)w + k * KVSERVE_LINEAR_TILE;
-    _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T0);
+    /* float32 is asked for into L2, not L1: each line is used once per pass and the loads come soon
+     * after, and on a Zen 4 the L1 hint ran one step's projections 1.15x slower at one row and 1.3x
+     * at 8 (`linear_ab.py --grid`: 21.3 against 18.8 ms, 22.9 against 17.7). The codes keep the L1
+     * hint: the grid tiles measured level, and the strips (cpu_grid_linear.c) lost with L2. */
+    _mm_prefetch((const char *)wk + KVSERVE_LINEAR_PREFETCH_BYTES, _MM_HINT_T1);
     return v16_load(wk);
 }
 
