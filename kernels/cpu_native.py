@@ -362,6 +362,14 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
+def linear_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows `ids` (int, any shape) of the float32 weight [N, k] that `pack_linear` packed: the same
+    values, gathered from their tiles ([N/16][k][16]; each row is one lane of its tile)."""
+    flat = ids.reshape(-1).long()
+    rows = packed.view(-1, k, _LINEAR_TILE)[flat // _LINEAR_TILE, :, flat % _LINEAR_TILE]
+    return rows.view(*ids.shape, k)
+
+
 class Int4Weight(NamedTuple):
     """`pack_linear_i4`'s (and `pack_grid_tiles`') result: the codes and the tile-major scales and
     zeros (empty for 8-bit grid codes)."""

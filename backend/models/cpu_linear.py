@@ -7,12 +7,14 @@ the projections of a 16- or 64-row step ~2.5x faster per core (measured in CPU
 time, loadtests/studies/ab_decode.py), and about as fast at one row. The
 results differ from sgemm's by float32 rounding only (another summation order).
 
-At up to 64 rows (decode steps) a second copy of the weight, packed for the
-native kernel of kernels/cpu_linear.c, runs instead: it streams the weight in
-memory order with prefetching, 1.5x faster than oneDNN at 16 rows and 1.1x at
-one row (loadtests/studies/cpu_kernels/linear_ab.py). Above 64 rows oneDNN stays ahead
-(1.2x at 1,024 rows), so prefill keeps it. The cost is the weights' memory
-twice over; KVSERVE_CPU_NATIVE=0 keeps one copy (oneDNN only).
+Where the native kernels of kernels/cpu_linear.c run, the weight is packed for
+them instead, and that one copy serves every step: it streams the weight in
+memory order with prefetching, 1.3x faster than oneDNN at one row and 1.1x at
+64, and 0.93-0.96x oneDNN's speed at 256-1,024 rows of prefill
+(loadtests/studies/cpu_kernels/linear_ab.py, Zen 4). Keeping oneDNN's copy for
+prefill as well held the weights twice over (538 MB more for SmolLM2); at most a
+few percent of a long prompt's projections did not pay for that.
+KVSERVE_CPU_NATIVE=0 keeps oneDNN's copy only.
 
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
@@ -49,9 +51,11 @@ GRID_STRIP_MAX_ROWS = 4
 
 
 class PackedLinear(nn.Module):
-    """`few_rows`: a layer whose steps have few rows whatever the batch (the logits projection: one
-    row per sequence, not per token), so the native copy serves every step and oneDNN's float32
-    copy is not kept where a native one exists (Gemma 3's tied embedding: 671 MB saved)."""
+    """One layer's weight in the forms its steps read. float32 tiles serve every row count, with no
+    oneDNN copy. Grid codes serve up to NATIVE_MAX_ROWS (their tiles run prefill 1.1-1.2x slower than
+    float32), and oneDNN's float32 copy prefill, except where `few_rows`: a layer whose steps
+    have few rows whatever the batch (the logits projection: one row per sequence, not per token),
+    so its codes serve every step (Gemma 3's tied embedding: 671 MB saved)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  codes: gguf_codes.BlockCodes | None = None, few_rows: bool = False) -> None:
@@ -68,7 +72,7 @@ class PackedLinear(nn.Module):
             self.grid = self.grid or grid_weights.find_grid(weight)
         self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None
         tiled = self.native is not None or (self.grid is not None and self.grid.tiles is not None)
-        self.max_native_rows = (1 << 62) if few_rows and tiled else NATIVE_MAX_ROWS
+        self.max_native_rows = (1 << 62) if (few_rows and tiled) or self.native is not None else NATIVE_MAX_ROWS
         # An opaque oneDNN tensor: a plain attribute, not a parameter (nothing else reads it).
         self.packed = (None if self.max_native_rows > NATIVE_MAX_ROWS
                        else torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None))
@@ -103,6 +107,18 @@ class CodedEmbedding(nn.Module):
         return grid_weights.dequantize_rows(self.grid, input_ids)
 
 
+class TiledEmbedding(nn.Module):
+    """A tied float32 embedding kept only as the logits projection's tiles: the lookup gathers the
+    rows it needs from them (the same values), so the table is not held twice (108 MiB for SmolLM2)."""
+
+    def __init__(self, tiles: torch.Tensor, embedding_dim: int) -> None:
+        super().__init__()
+        self.tiles, self.embedding_dim = tiles, embedding_dim
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return cpu_native.linear_rows(self.tiles, input_ids, self.embedding_dim)
+
+
 def wants_cpu_linear(device: torch.device, dtype: torch.dtype, quantization: str) -> bool:
     return (device.type == "cpu" and dtype == torch.float32 and quantization == "none"
             and torch.backends.mkldnn.is_available() and os.environ.get("KVSERVE_CPU_PACKED_LINEAR", "1") != "0")
@@ -126,6 +142,8 @@ def pack_linears(model: nn.Module, block_codes: dict[str, gguf_codes.BlockCodes]
                                          few_rows=True)
         if tied and model.logits_proj.grid is not None:  # the codes serve the lookup too (Gemma 3: 671 MB)
             model.embed_tokens = CodedEmbedding(model.logits_proj.grid)
+        elif tied and model.logits_proj.native is not None and model.logits_proj.native.dtype == torch.float32:
+            model.embed_tokens = TiledEmbedding(model.logits_proj.native, model.logits_proj.in_features)
         codes.clear()
         if model.lm_head is not None:  # untied: the plain copy is never read again
             model.lm_head = None

@@ -7,6 +7,7 @@ import torch
 from kvserve.backend import LLM
 from kvserve.backend.models import cpu_linear
 from kvserve.backend.models.cpu_linear import PackedLinear
+from kvserve.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -20,6 +21,38 @@ def test_packed_linear_is_f_linear(rows):
         torch.testing.assert_close(PackedLinear(w, bias)(x), torch.nn.functional.linear(x, w, bias),
                                    atol=1e-4, rtol=1e-5)
     assert PackedLinear(w, b)(x.view(1, rows, 80)).shape == (1, rows, 96)
+
+
+def test_float32_tiles_are_the_one_copy_and_serve_prefill_rows():
+    """Where the native kernels run, a float32 layer keeps only their tiles: no oneDNN copy for
+    prefill (#30, one copy of the weights); a prompt's 300 rows take the tiles too."""
+    gen = torch.Generator().manual_seed(5)
+    w, b, x = torch.randn(40, 48, generator=gen), torch.randn(40, generator=gen), torch.randn(300, 48, generator=gen)
+    layer = PackedLinear(w, b)
+    if layer.native is None:
+        pytest.skip("no native kernels here: oneDNN keeps its copy")
+    assert layer.packed is None
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_tiled_embedding_gathers_the_tables_rows():
+    """A tied table kept only as the logits projection's tiles: the lookup gives its rows exactly,
+    the last tile's rows (past a multiple of 16) included."""
+    gen = torch.Generator().manual_seed(6)
+    table = torch.randn(37, 24, generator=gen)
+    packed = cpu_native.pack_linear(table)
+    if packed is None:
+        pytest.skip("no native kernels here")
+    ids = torch.tensor([[0, 15, 16, 36], [36, 5, 0, 31]])
+    assert torch.equal(cpu_linear.TiledEmbedding(packed, 24)(ids), table[ids])
+
+
+def test_a_tied_float32_model_holds_its_table_once(qwen2_dir):
+    model = LLM(model=qwen2_dir, dtype="float32").engine.runner.model
+    if model.logits_proj.native is None:
+        pytest.skip("no native kernels here")
+    assert isinstance(model.embed_tokens, cpu_linear.TiledEmbedding)
+    assert model.embed_tokens.tiles is model.logits_proj.native
 
 
 @pytest.mark.parametrize("rows", [1, 7, 65, 300])
