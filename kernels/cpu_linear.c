@@ -14,8 +14,10 @@
  *   AVX2, 4 rows in 8 of its 16, four passes per block); further row blocks take further passes
  *   over the tile while it is still in L1/L2;
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
- *   stay in L2 across tiles (oneDNN is still 1.2x faster at 1,024 float32 rows, so float32
- *   prefill keeps it; torch's int8 and int4 kernels are slower than this one at every size);
+ *   stay in L2 across tiles (oneDNN is 1.04-1.08x faster at 256-1,024 float32 rows on a Zen 4,
+ *   but float32 prefill runs here all the same, so that the weights are held once:
+ *   backend/models/cpu_linear.py; torch's int8 and int4 kernels are slower than this one at
+ *   every size);
  * - the weight is prefetched 32 KB ahead (float32 into L2, codes into L1): with the hardware
  *   prefetcher alone the loop waited on memory, and 16-row steps ran no faster than oneDNN's;
  * - int8 codes are widened to float32 in registers and the sums scaled per output; int4 codes

@@ -1,4 +1,5 @@
-"""float32 linear layers on the CPU through oneDNN with weights reordered once at load.
+"""float32 linear layers on the CPU: kvserve's native kernels over weights packed once at load,
+else oneDNN with weights reordered once at load.
 
 `F.linear` on the CPU calls an sgemm that repacks the weight on every call; at
 the few rows of a decode step that is a large part of the work. oneDNN's
