@@ -189,7 +189,7 @@ class PackedActLinear(PackedLinear):
     """`PackedLinear` with the activation applied by oneDNN as it writes the output (one pass less)."""
 
     def __init__(self, linear: nn.Linear, attr: str, algorithm: str) -> None:
-        super().__init__(linear.weight, linear.bias)
+        super().__init__(linear.weight, linear.bias, keep_onednn=True)
         self.attr, self.algorithm = attr, algorithm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,7 +204,7 @@ def pack_encoder_linears(model: BertEncoder) -> BertEncoder:
         for layer in model.layers:
             for name in ("qkv", "attn_out", "ffn_out"):
                 linear = getattr(layer, name)
-                setattr(layer, name, PackedLinear(linear.weight, linear.bias))
+                setattr(layer, name, PackedLinear(linear.weight, linear.bias, keep_onednn=True))
             layer.ffn_in = PackedActLinear(layer.ffn_in, attr, algorithm)
             layer.act = _identity
     return model

@@ -56,10 +56,12 @@ class PackedLinear(nn.Module):
     oneDNN copy. Grid codes serve up to NATIVE_MAX_ROWS (their tiles run prefill 1.1-1.2x slower than
     float32), and oneDNN's float32 copy prefill, except where `few_rows`: a layer whose steps
     have few rows whatever the batch (the logits projection: one row per sequence, not per token),
-    so its codes serve every step (Gemma 3's tied embedding: 671 MB saved)."""
+    so its codes serve every step (Gemma 3's tied embedding: 671 MB saved). `keep_onednn`: oneDNN's
+    copy is kept for steps of more rows all the same (the embedding encoder, whose passes are all
+    prefill-sized and which fuses an activation into oneDNN's product)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 codes: gguf_codes.BlockCodes | None = None, few_rows: bool = False) -> None:
+                 codes: gguf_codes.BlockCodes | None = None, few_rows: bool = False, keep_onednn: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
@@ -73,7 +75,8 @@ class PackedLinear(nn.Module):
             self.grid = self.grid or grid_weights.find_grid(weight)
         self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None
         tiled = self.native is not None or (self.grid is not None and self.grid.tiles is not None)
-        self.max_native_rows = (1 << 62) if (few_rows and tiled) or self.native is not None else NATIVE_MAX_ROWS
+        one_copy = (few_rows and tiled) or (self.native is not None and not keep_onednn)
+        self.max_native_rows = (1 << 62) if one_copy else NATIVE_MAX_ROWS
         # An opaque oneDNN tensor: a plain attribute, not a parameter (nothing else reads it).
         self.packed = (None if self.max_native_rows > NATIVE_MAX_ROWS
                        else torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None))
