@@ -23,7 +23,7 @@ from kvserve.frontend.backend_client import (BackendClient, TritonBackendClient,
 from kvserve.frontend.cli.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, looks_like_path, resolve_model
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.cli.headless import add_node_flags, check_node_flags, run_headless
-from kvserve.frontend.cli.host_process import HostProcess, HostStartError, free_port, host_command
+from kvserve.frontend.cli.host_process import HostProcess, HostStartError, host_command
 from kvserve.frontend.cli.model_info import derive_max_model_len
 from kvserve.frontend.http import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY,
                                    DEFAULT_MAX_STREAM_BUFFER, DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S,
@@ -209,7 +209,9 @@ def start_host(args: argparse.Namespace, model_path: Path, served_name: str,
     if embedding is not None:
         models.append(args.triton_embedding_model_name)
         env.update(KVSERVE_EMBED_MODEL=str(embedding[0].resolve()), KVSERVE_EMBED_SERVED_MODEL_NAME=embedding[1])
-    host = HostProcess(host_command(model_repository(args), free_port(), free_port(), models), env)
+    # Port 0: the host binds free ports itself and names them in its ready line. Ports picked here
+    # and bound there seconds later (after the model loads) could be taken in between.
+    host = HostProcess(host_command(model_repository(args), 0, 0, models), env)
     address = host.start(args.startup_timeout)
     client = TritonBackendClient(address.grpc, model_name=args.triton_model_name,
                                  metrics_url=f"http://{address.metrics}/metrics")
