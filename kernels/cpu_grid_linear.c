@@ -207,6 +207,40 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
 }
 #endif
 
+/* Rows ids[0..count) of the float32 weight [n][k] whose strips `packed` holds, expanded into out
+ * [count][k]: an embedding lookup over a table kept only as its codes (a tied embedding). Each value
+ * is block_weights', the one the products above use. Returns nonzero where this build cannot run it
+ * or an id is outside [0, n). */
+int kvserve_grid_rows_f32(const uint8_t *packed, int bits, int64_t k, int64_t n, const int64_t *ids, int64_t count,
+                          float *out) {
+#if defined(KVSERVE_VEC16)
+    if ((bits != GRID_Q4 && bits != GRID_I4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP)
+        return 3;
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= n) return 4;
+    const int64_t step = block_bytes(bits), strip_bytes = k / KVSERVE_GRID_GROUP * step;
+    for (int64_t i = 0; i < count; i++) {
+        const uint8_t *strip = packed + ids[i] / KVSERVE_GRID_OUTS * strip_bytes;
+        const int o = (int)(ids[i] % KVSERVE_GRID_OUTS);
+        for (int64_t g = 0; g < k / KVSERVE_GRID_GROUP; g++) {
+            v16 w_lo, w_hi;
+#define KVSERVE_GRID_ROW(B) block_weights(B, strip + g * step, o, &w_lo, &w_hi)
+            if (bits == GRID_Q4) KVSERVE_GRID_ROW(GRID_Q4);
+            else if (bits == GRID_I4) KVSERVE_GRID_ROW(GRID_I4);
+            else if (bits == GRID_Q8) KVSERVE_GRID_ROW(GRID_Q8);
+            else KVSERVE_GRID_ROW(GRID_Q8_HALVES);
+#undef KVSERVE_GRID_ROW
+            v16_store(out + i * k + g * KVSERVE_GRID_GROUP, w_lo);
+            v16_store(out + i * k + g * KVSERVE_GRID_GROUP + 16, w_hi);
+        }
+    }
+    return 0;
+#else
+    (void)packed; (void)bits; (void)k; (void)n; (void)ids; (void)count; (void)out;
+    return 1;
+#endif
+}
+
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the grid-coded weight
  * `packed` (grid_weights.py's strip layout of `bits`-bit codes, k a multiple of 32), plus bias [n]
  * when given. Rows beyond 4 take further passes over the weight. Returns nonzero when this build

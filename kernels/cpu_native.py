@@ -125,6 +125,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_linear_grouped_f32.restype = ctypes.c_int
     lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
+    lib.kvserve_grid_rows_f32.argtypes = [p, ctypes.c_int, i64, i64, p, i64, p]
+    lib.kvserve_grid_rows_f32.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
     lib.kvserve_kv_from_f32.argtypes = [p, i64, ctypes.c_int, p]
@@ -492,6 +494,22 @@ def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_fea
                                          None if bias is None else bias.data_ptr(), out.data_ptr(), out_features,
                                          torch.get_num_threads())
     return None if status else out
+
+
+def grid_rows(packed: torch.Tensor, bits: int, ids: torch.Tensor, out_features: int, k: int) -> torch.Tensor | None:
+    """Rows `ids` (int, any shape) of the float32 weight [out_features, k] held as grid_weights.py's
+    strips of kind `bits`: the values the strips' products use. None where the kernel declines (no
+    vector path: the caller dequantizes with torch); ValueError for an id outside the table."""
+    lib = _library()
+    if lib is None:
+        return None
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), k)
+    status = lib.kvserve_grid_rows_f32(packed.data_ptr(), bits, k, out_features, flat.data_ptr(), flat.numel(),
+                                       out.data_ptr())
+    if status == 4:
+        raise ValueError(f"token id outside the vocabulary of {out_features}")
+    return None if status else out.view(*ids.shape, k)
 
 
 def pack_grid_tiles(codes: torch.Tensor, step: torch.Tensor, low: torch.Tensor | None) -> Int4Weight | None:

@@ -159,12 +159,13 @@ class Sampler:
         self._bias_and_min_tokens(logits, rows)
         _apply_penalties(logits, rows)
 
-        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows],
-                             device=logits.device)
-        all_greedy = bool(greedy.all())
-        token_ids = logits.argmax(dim=-1) if all_greedy or bool(greedy.any()) else None
+        flags = [r.params.greedy for r in rows]
+        all_greedy = all(flags)
+        token_ids = logits.argmax(dim=-1) if any(flags) else None
         if not all_greedy:
+            greedy = torch.tensor(flags, device=logits.device)
+            temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows],
+                                 device=logits.device)
             sampled = _draw(_filter(logits.div_(temps[:, None]), rows), rows)  # greedy rows: divided by 1
             token_ids = sampled if token_ids is None else torch.where(greedy, token_ids, sampled)
         if constrain is not None:

@@ -108,7 +108,10 @@ class CodedEmbedding(nn.Module):
         self.grid = grid
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return grid_weights.dequantize_rows(self.grid, input_ids)
+        # The native expansion: ~20 torch operations took 0.12 ms of a 6 ms batch-1 decode step.
+        g = self.grid
+        rows = cpu_native.grid_rows(g.strips, g.kind, input_ids, g.out_features, g.in_features)
+        return rows if rows is not None else grid_weights.dequantize_rows(g, input_ids)
 
 
 class TiledEmbedding(nn.Module):

@@ -115,7 +115,8 @@ class Gemma3ForCausalLM(nn.Module):
         for layer, kv_cache, meta in zip(self.layers if stack is None else (), kv_caches, metas):
             table = self.cos_sin_cache if layer.window is None else self.local_cos_sin_cache
             x, residual = layer(ops, x, residual, positions, table, kv_cache, meta, self.scale)
-        x, residual = x[logits_indices], residual[logits_indices]
+        if logits_indices.numel() != x.shape[0]:  # else every row samples: the indices, increasing, are all rows
+            x, residual = x[logits_indices], residual[logits_indices]
         h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         if self.logits_proj is not None:
             return self.logits_proj(h).float()

@@ -131,7 +131,8 @@ class LlamaForCausalLM(nn.Module):
         if not self.is_last_stage:
             return x, residual
         # Only the rows that sample need the final norm and the (large) vocabulary projection.
-        x, residual = x[logits_indices], residual[logits_indices]
+        if logits_indices.numel() != x.shape[0]:  # else every row samples: the indices, increasing, are all rows
+            x, residual = x[logits_indices], residual[logits_indices]
         h, _ = ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         if self.logits_proj is not None:
             logits = self.logits_proj(h).float()

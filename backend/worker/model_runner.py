@@ -351,6 +351,8 @@ class ModelRunner:
     def _prepare(self, out: SchedulerOutput):
         sched = out.scheduled
         q_lens = [len(s.token_ids) for s in sched]
+        if all(n == 1 for n in q_lens):
+            return self._prepare_decode(sched)
         seq_lens = [s.start_position + n for s, n in zip(sched, q_lens)]
         dev = self.device
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64, device=dev)
@@ -390,6 +392,31 @@ class ModelRunner:
         # One model of one group gets the metadata itself, as the CUDA graphs expect.
         meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
         return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
+
+    def _prepare_decode(self, sched):
+        """_prepare for a step of one token per request (every plain decode step): the same tensors,
+        computed on Python ints and made once each. The general path's ~20 small torch operations
+        took 0.25 ms of a 6 ms batch-1 step of SmolLM2 here; this takes a fifth of that."""
+        dev, block_size = self.device, self.block_size
+        positions = [s.start_position for s in sched]
+        input_ids = torch.tensor([s.token_ids[0] for s in sched], dtype=torch.int64, device=dev)
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+        seq_lens_t = torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=dev)
+        query_start_loc = torch.arange(len(sched) + 1, dtype=torch.int32, device=dev)
+        sample_rows = [i for i, s in enumerate(sched) if s.samples]
+        logits_indices = torch.tensor(sample_rows, dtype=torch.int64, device=dev)
+        group_metas = []
+        for g in range(len(self.kv_groups)):
+            rows = [self.block_tables[s.request_id][g] for s in sched]
+            width = max(len(r) for r in rows)
+            slots = [r[p // block_size] * block_size + p % block_size for r, p in zip(rows, positions)]
+            group_metas.append(AttentionMetadata(
+                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+                block_tables=torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=dev),
+                seq_lens=seq_lens_t, query_start_loc=query_start_loc, max_seq_len=max(positions) + 1,
+                max_query_len=1, decode_only=True))
+        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
+        return input_ids, positions_t, meta, logits_indices, [sched[i].request_id for i in sample_rows]
 
     def _verifies_as_decode_rows(self, sched, q_lens: list[int]) -> bool:
         """Whether this step's attention runs as decode rows: on the CPU, a step whose requests each

@@ -231,26 +231,30 @@ class NativeDecodeStep:
         if built is None:
             return None
         layers, _ = built
+        # Each KV group's and each rotary table's tensors are made (and their addresses read) once a
+        # step, then written into every layer's entry: this loop runs every decode step.
         step_tensors = []
-        groups: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # KV group: its metadata's id
+        groups: dict[int, tuple[int, int, int, int]] = {}  # KV group (its metadata's id) -> addresses
         for i, meta in enumerate(metas):
-            group = groups.get(id(meta))
-            if group is None:
-                group = groups[id(meta)] = self._tables(meta)
+            ptrs = groups.get(id(meta))
+            if ptrs is None:
+                group = self._tables(meta)
                 if group is None:
                     return None
                 step_tensors.append(group)
-            tables, lens, slots = group
+                tables, lens, slots = group
+                ptrs = groups[id(meta)] = (tables.data_ptr(), tables.stride(0), lens.data_ptr(), slots.data_ptr())
             entry = layers[i]
-            entry.tables, entry.table_stride, entry.lens = tables.data_ptr(), tables.stride(0), lens.data_ptr()
-            entry.slots = slots.data_ptr()
-        angles: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rotary table id -> this step's cos, sin
+            entry.tables, entry.table_stride, entry.lens, entry.slots = ptrs
+        angles: dict[int, tuple[int, int]] = {}  # rotary table id -> the addresses of this step's cos, sin
         index = positions.long()
         for i, table in enumerate(self.rotary_tables):
             cos_sin = angles.get(id(table))
             if cos_sin is None:
-                cos_sin = angles[id(table)] = tuple(half.contiguous() for half in table[index].float().chunk(2, dim=-1))
-            layers[i].cos, layers[i].sin = cos_sin[0].data_ptr(), cos_sin[1].data_ptr()
+                halves = tuple(half.contiguous() for half in table[index].float().chunk(2, dim=-1))
+                step_tensors.append(halves)
+                cos_sin = angles[id(table)] = (halves[0].data_ptr(), halves[1].data_ptr())
+            layers[i].cos, layers[i].sin = cos_sin
         x_out, residual = torch.empty_like(x), torch.empty_like(x)
         shape = _Shape(rows=rows, num_threads=torch.get_num_threads(),
                        parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS, **self.shape)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvserve.backend.models import grid_weights
+from kvserve.backend.models.cpu_linear import CodedEmbedding
 from kvserve.backend.models.gguf_codes import Q4, Q8, Q8_HALVES, block_codes, fuse
 from kvserve.kernels import cpu_native
 from tests.backend.models.gguf_writer import quantized_blocks
@@ -109,3 +110,8 @@ def test_rows_read_from_the_codes_are_the_weights_rows(kind):
     grid = grid_weights.from_codes(block_codes(kind, blocks, values), weight)
     ids = torch.tensor([[0, 36, 5], [5, 17, 3]])
     assert _same_bits(grid_weights.dequantize_rows(grid, ids), weight[ids])
+    # The native expansion the lookup runs (kernels/cpu_grid_linear.c), and the module itself.
+    assert _same_bits(cpu_native.grid_rows(grid.strips, grid.kind, ids, OUT, IN), weight[ids])
+    assert _same_bits(CodedEmbedding(grid)(ids), weight[ids])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        cpu_native.grid_rows(grid.strips, grid.kind, torch.tensor([OUT]), OUT, IN)
