@@ -382,9 +382,7 @@ class ModelRunner:
             seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         group_metas = []
         for g in range(len(self.kv_groups)):
-            rows = [self.block_tables[s.request_id][g] for s in sched]
-            max_blocks = max(len(r) for r in rows)
-            block_tables = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.int32, device=dev)
+            block_tables = self._padded_tables([self.block_tables[s.request_id][g] for s in sched])
             blocks = block_tables.long()[req_index, positions // self.block_size]
             if as_decode_rows:
                 block_tables = block_tables[req_index]
@@ -392,9 +390,8 @@ class ModelRunner:
                 slot_mapping=blocks * self.block_size + positions % self.block_size, block_tables=block_tables,
                 seq_lens=seq_lens_t, query_start_loc=query_start_loc.to(torch.int32), max_seq_len=max(seq_lens),
                 max_query_len=1 if as_decode_rows else max(q_lens), decode_only=as_decode_rows or max(q_lens) == 1))
-        # One model of one group gets the metadata itself, as the CUDA graphs expect.
-        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
-        return input_ids, positions, meta, logits_indices, [sched[i].request_id for i in sample_rows]
+        sample_ids = [sched[i].request_id for i in sample_rows]
+        return input_ids, positions, self._layer_metas(group_metas), logits_indices, sample_ids
 
     def _prepare_decode(self, sched):
         """_prepare_general for a step of one token per request (every plain decode step): the same tensors,
@@ -411,15 +408,23 @@ class ModelRunner:
         group_metas = []
         for g in range(len(self.kv_groups)):
             rows = [self.block_tables[s.request_id][g] for s in sched]
-            width = max(len(r) for r in rows)
             slots = [r[p // block_size] * block_size + p % block_size for r, p in zip(rows, positions)]
             group_metas.append(AttentionMetadata(
-                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-                block_tables=torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=dev),
+                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_tables=self._padded_tables(rows),
                 seq_lens=seq_lens_t, query_start_loc=query_start_loc, max_seq_len=max(positions) + 1,
                 max_query_len=1, decode_only=True))
-        meta = group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
-        return input_ids, positions_t, meta, logits_indices, [sched[i].request_id for i in sample_rows]
+        sample_ids = [sched[i].request_id for i in sample_rows]
+        return input_ids, positions_t, self._layer_metas(group_metas), logits_indices, sample_ids
+
+    def _padded_tables(self, rows: list[list[int]]) -> torch.Tensor:
+        """One KV group's block tables of this step's requests as int32 [B, widest], padded with the null block 0."""
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=self.device)
+
+    def _layer_metas(self, group_metas: list[AttentionMetadata]):
+        """The metadata the model takes: one model of one group gets the metadata itself, as the CUDA
+        graphs expect; else this stage's layers each get their group's."""
+        return group_metas[0] if len(group_metas) == 1 else [group_metas[g] for g, _ in self.stage_slots]
 
     def _verifies_as_decode_rows(self, sched, q_lens: list[int]) -> bool:
         """Whether this step's attention runs as decode rows: on the CPU, a step whose requests each
