@@ -9,6 +9,13 @@ an engine holds the pages of the blocks its requests have used, and a block neve
 block 0, the tail of a context's last block) reads as zeros, as a zeroed tensor would. The price:
 RAM is committed as the cache fills, not at start-up, so memory that another process takes meanwhile
 is not there later (the start-up log says how much the cache may grow to).
+The mapping asks for transparent huge pages (2 MiB; where the kernel grants them to madvised
+memory, as Debian's and most distributions' default does): a step reads every running request's
+blocks, scattered through the cache, and with 4 KiB pages the hardware prefetcher stops at each page
+boundary and the TLB misses on most blocks. The attention of a 16-request decode step at 320 tokens
+of context (`decode_attention_bench.py`, its blocks scattered as a long-running server's free list
+leaves them) ran ~1.1x faster; with the blocks in order (a fresh engine) the step measured the same.
+A first write then takes 2 MiB, not 4 KiB: a few MiB per layer, against a cache of GiBs.
 On CUDA the tensors are zeroed as before: the profile step has measured what is left for them.
 """
 from __future__ import annotations
@@ -35,5 +42,13 @@ def allocate_kv_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * kv_element_bytes(dtype)
+    # Private: the kernel's huge pages apply to private anonymous memory, and mmap's default, a shared
+    # mapping, is shmem, whose huge pages are off by default.
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux only; a kernel without THP refuses it, and 4 KiB pages serve
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
     # The tensor keeps the mapping alive (frombuffer holds a reference); it unmaps when both go.
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)

@@ -34,6 +34,37 @@ def test_a_cpu_kv_tensor_reads_zeros_and_takes_memory_only_where_written(dtype):
     assert _rss() - before < 16 * MIB
 
 
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text.split("[")[1].split("]")[0]
+
+
+def _mapping_fields(address: int) -> dict[str, str]:
+    """/proc/self/smaps' fields for the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and ":" in head:
+            fields[head.rstrip(":")] = line.split(":", 1)[1].strip()
+    return fields
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="this kernel grants no transparent huge pages")
+def test_a_cpu_kv_tensor_is_private_memory_eligible_for_huge_pages():
+    # Shared anonymous memory (mmap's default) is shmem, whose huge pages are off by default: the
+    # cache's scattered blocks would then cost a TLB miss and a stopped hardware prefetcher each.
+    t = allocate_kv_tensor((1024, 16, 8, 128), torch.float32, torch.device("cpu"))  # 64 MiB
+    fields = _mapping_fields(t.data_ptr())
+    assert fields.get("THPeligible") == "1", fields
+
+
 def test_kv_dtype_names():
     assert resolve_kv_dtype("auto", torch.bfloat16) is torch.bfloat16
     assert resolve_kv_dtype("fp8", torch.float32) is resolve_kv_dtype("fp8_e4m3", torch.float32) is torch.float8_e4m3fn
