@@ -9,13 +9,12 @@ an engine holds the pages of the blocks its requests have used, and a block neve
 block 0, the tail of a context's last block) reads as zeros, as a zeroed tensor would. The price:
 RAM is committed as the cache fills, not at start-up, so memory that another process takes meanwhile
 is not there later (the start-up log says how much the cache may grow to).
-The mapping asks for transparent huge pages (2 MiB; where the kernel grants them to madvised
-memory, as Debian's and most distributions' default does): a step reads every running request's
-blocks, scattered through the cache, and with 4 KiB pages the hardware prefetcher stops at each page
-boundary and the TLB misses on most blocks. The attention of a 16-request decode step at 320 tokens
-of context (`decode_attention_bench.py`, its blocks scattered as a long-running server's free list
-leaves them) ran ~1.1x faster; with the blocks in order (a fresh engine) the step measured the same.
-A first write then takes 2 MiB, not 4 KiB: a few MiB per layer, against a cache of GiBs.
+The mapping is private: a shared one (mmap's default) is shmem, whose first write to a page costs
+more (a fresh 256-token write into one layer's K: 82-90 us shared, 56-57 us private, all 4 KiB pages).
+Transparent huge pages (MADV_HUGEPAGE) were measured and not kept: they made the attention of a
+16-request step over scattered blocks ~1.1x faster, but each first write into a 2 MiB page waited on the
+kernel's compaction (252-332 us for the same write), and a fresh server writes fresh pages on most of
+its tokens until the whole cache has been used once (BENCHMARKS §7, twelfth point).
 On CUDA the tensors are zeroed as before: the profile step has measured what is left for them.
 """
 from __future__ import annotations
@@ -42,13 +41,6 @@ def allocate_kv_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * kv_element_bytes(dtype)
-    # Private: the kernel's huge pages apply to private anonymous memory, and mmap's default, a shared
-    # mapping, is shmem, whose huge pages are off by default.
-    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux only; a kernel without THP refuses it, and 4 KiB pages serve
-        try:
-            mapping.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: see above
     # The tensor keeps the mapping alive (frombuffer holds a reference); it unmaps when both go.
     return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)

@@ -1,7 +1,7 @@
 """Time the native CPU decode attention (kernels/cpu_decode_attention.c) over one decode step's layers.
 
     .venv/bin/python loadtests/studies/decode_attention_bench.py --batch 16 --context 320 [--resident] \
-        [--kv-dtype float32|bfloat16|fp8_e4m3|fp8_e5m2] [--verify-rows R] [--small-pages]
+        [--kv-dtype float32|bfloat16|fp8_e4m3|fp8_e5m2] [--verify-rows R]
 
 Every layer has its own cache blocks, placed at random through the cache as a long-running
 server's free list leaves them; --resident gives every layer the same blocks, so that the K/V
@@ -37,7 +37,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--resident", action="store_true", help="every layer reads the same blocks")
     p.add_argument("--kv-dtype", default="float32", choices=("float32", "bfloat16", "fp8_e4m3", "fp8_e5m2"))
-    p.add_argument("--small-pages", action="store_true", help="the caches in 4 KiB pages, not the engine's huge pages")
     p.add_argument("--verify-rows", type=int, default=1, help="query rows per request (1 + proposals)")
     args = p.parse_args()
     if not cpu_native.available():
@@ -48,14 +47,11 @@ def main() -> None:
     num_blocks = per_layer * (1 if args.resident else args.layers)
     shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
     kv_dtype = KV_DTYPES[args.kv_dtype]
-    # The engine's own allocation (kv_cache_tensors.py: huge pages where the kernel grants them), or
-    # with --small-pages a tensor of 4 KiB pages, to measure what they cost.
-    def cache() -> torch.Tensor:
-        empty = (torch.empty(shape, dtype=kv_dtype) if args.small_pages
-                 else allocate_kv_tensor(shape, kv_dtype, torch.device("cpu")))
-        return empty.copy_(quantize(torch.randn(shape, generator=gen), kv_dtype))
-
-    key_cache, value_cache = cache(), cache()
+    # The caches' memory as the engine allocates it (kv_cache_tensors.py).
+    key_cache, value_cache = (
+        allocate_kv_tensor(shape, kv_dtype, torch.device("cpu")).copy_(quantize(torch.randn(shape, generator=gen),
+                                                                                   kv_dtype))
+        for _ in range(2))
     order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     tables = [order[(0 if args.resident else layer) * per_layer:][:per_layer].view(args.batch, per_request).contiguous()
               for layer in range(args.layers)]
