@@ -46,7 +46,10 @@ class TorchOps:
         if plan is None:
             plan = plans[window] = PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                                       key_cache.shape[1], meta.decode_only, key_cache.shape[0],
-                                                      window)
+                                                      window,
+                                                      # prompt chunks as decode rows: only where the kernel reads them
+                                                      key_cache.shape[3] if cpu_native.supports(query, key_cache)
+                                                      else None)
         return plan.run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):

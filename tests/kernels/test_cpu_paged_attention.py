@@ -9,7 +9,7 @@ from kernel_test_inputs import assert_close, make_paged_kv
 from sliding_window_inputs import release_behind_window, windowed_reference
 
 from kvserve.backend.worker.ops import TorchOps
-from kvserve.kernels import cpu_native
+from kvserve.kernels import cpu_native, cpu_paged_attention
 from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
 from kvserve.kernels.rotary import rotary_embedding_torch
@@ -91,6 +91,29 @@ def test_native_plan_refuses_tables_that_would_read_outside_the_cache():
                                query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32))
         with pytest.raises(ValueError, match="decode attention"):
             TorchOps().attention(torch.randn(2, 4, 64), kv.key_cache, kv.value_cache, meta, 0.125)
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+def test_short_prompt_chunks_attend_as_decode_rows_and_long_ones_through_sdpa(monkeypatch):
+    """A chunk whose context is short joins the decode rows in the native kernel's one call, each of
+    its positions one query over its own prefix; a long one (600 tokens of head size 64: past
+    PREFILL_AS_ROWS_MAX_WORK) takes SDPA. Both give the reference's attention."""
+    native_rows, sdpa_calls = [], []
+    paged_decode, sdpa = cpu_native.paged_decode, cpu_paged_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(cpu_native, "paged_decode", lambda query, *a: native_rows.append(query.shape[0])
+                        or paged_decode(query, *a))
+    monkeypatch.setattr(cpu_paged_attention.F, "scaled_dot_product_attention",
+                        lambda *a, **k: sdpa_calls.append(1) or sdpa(*a, **k))
+    gen = torch.Generator().manual_seed(5)
+    query_lens, seq_lens = [1, 40, 1, 100, 7], [300, 60, 20, 600, 7]  # the 40 start at 20, the 7 at 0
+    kv = make_paged_kv(seq_lens, 3, 64, 16, torch.float32, torch.device("cpu"), gen)
+    meta = _meta(kv, query_lens)
+    query = torch.randn(sum(query_lens), 9, 64, generator=gen)
+    want = _reference(query, kv, meta)
+    sdpa_calls.clear()  # the reference's own
+    got = TorchOps().attention(query, kv.key_cache, kv.value_cache, meta, 0.125)
+    assert_close(got, want, torch.float32)
+    assert native_rows == [1 + 40 + 1 + 7] and len(sdpa_calls) == 1
 
 
 # Windows of 37 (never a multiple of the block size: the contexts' windows start mid-block) and 64
