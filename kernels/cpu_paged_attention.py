@@ -169,7 +169,9 @@ PREFILL_AS_ROWS_MAX_WORK = 512 * 64
 
 class PagedAttentionPlan:
     """What every layer's attention of one step shares, built from the step's metadata. `head_dim`
-    (the caches') lets short prompt chunks attend as decode rows; without it they take SDPA."""
+    (the caches'), which the caller passes only where the native decode kernel reads this step's
+    queries and caches (`cpu_native.supports`), lets short prompt chunks attend as decode rows;
+    without it they take SDPA."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                  block_size: int, decode_only: bool, num_cache_blocks: int, window: int | None = None,
@@ -182,15 +184,18 @@ class PagedAttentionPlan:
             self.decode = _DecodePlan(block_tables, seq_lens, max(lens), block_size, num_cache_blocks, window)
             return
         starts = query_start_loc.tolist()
-        rows_fit = (head_dim is not None and cpu_native.available() and block_tables.device.type == "cpu")
         as_rows = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1
-                   or (rows_fit and lens[i] * head_dim <= PREFILL_AS_ROWS_MAX_WORK)]
+                   or (head_dim is not None and lens[i] * head_dim <= PREFILL_AS_ROWS_MAX_WORK)]
         if as_rows:
-            # Each row of these requests one query over its own prefix: position p sees p + 1 tokens.
+            # Each row of these requests one query over its own prefix: the chunk's last row sees the
+            # whole context, each row before it one token less.
             dev = block_tables.device
-            requests = [i for i in as_rows for _ in range(starts[i], starts[i + 1])]
-            rows = [r for i in as_rows for r in range(starts[i], starts[i + 1])]
-            row_lens = [lens[i] - (starts[i + 1] - r) + 1 for i in as_rows for r in range(starts[i], starts[i + 1])]
+            requests, rows, row_lens = [], [], []
+            for i in as_rows:
+                for r in range(starts[i], starts[i + 1]):
+                    requests.append(i)
+                    rows.append(r)
+                    row_lens.append(lens[i] - (starts[i + 1] - 1 - r))
             if len(rows) < starts[-1]:
                 self.decode_rows = torch.tensor(rows, device=dev)
             self.decode = _DecodePlan(block_tables[torch.tensor(requests, device=dev)],

@@ -44,12 +44,11 @@ class TorchOps:
         plans = entry[1]
         plan = plans.get(window)
         if plan is None:
+            # Prompt chunks may attend as decode rows only where the native kernel reads them.
+            rows_head_dim = key_cache.shape[3] if cpu_native.supports(query, key_cache) else None
             plan = plans[window] = PagedAttentionPlan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                                       key_cache.shape[1], meta.decode_only, key_cache.shape[0],
-                                                      window,
-                                                      # prompt chunks as decode rows: only where the kernel reads them
-                                                      key_cache.shape[3] if cpu_native.supports(query, key_cache)
-                                                      else None)
+                                                      window, rows_head_dim)
         return plan.run(query, key_cache, value_cache, scale)
 
     def rms_norm(self, x, weight, eps, residual=None):

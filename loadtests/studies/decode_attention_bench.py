@@ -47,11 +47,12 @@ def main() -> None:
     num_blocks = per_layer * (1 if args.resident else args.layers)
     shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
     kv_dtype = KV_DTYPES[args.kv_dtype]
-    # The caches' memory as the engine allocates it (kv_cache_tensors.py).
-    key_cache, value_cache = (
-        allocate_kv_tensor(shape, kv_dtype, torch.device("cpu")).copy_(quantize(torch.randn(shape, generator=gen),
-                                                                                   kv_dtype))
-        for _ in range(2))
+
+    def cache() -> torch.Tensor:  # random values in memory allocated as the engine's (kv_cache_tensors.py)
+        values = quantize(torch.randn(shape, generator=gen), kv_dtype)
+        return allocate_kv_tensor(shape, kv_dtype, torch.device("cpu")).copy_(values)
+
+    key_cache, value_cache = cache(), cache()
     order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     tables = [order[(0 if args.resident else layer) * per_layer:][:per_layer].view(args.batch, per_request).contiguous()
               for layer in range(args.layers)]
