@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -235,6 +236,10 @@ def _raise_exit(signum: int, _frame: object) -> None:
 async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess | None) -> int:
     app = build_app(gateway)
     runner, bound = await start_app(app, host, port)
+    # What start-up made lives as long as the process: frozen, Python's full collections no longer
+    # walk it between the streamed tokens (the engine's process does the same, model.py).
+    gc.collect()
+    gc.freeze()
     loop = asyncio.get_running_loop()
     stop, force = asyncio.Event(), asyncio.Event()
     exit_code = 0
