@@ -12,6 +12,7 @@ and the embedded host's in kvserve.
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import logging
@@ -101,6 +102,11 @@ class TritonLLMModel:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._respond_loop, name="kvserve-respond", daemon=True)
         self._thread.start()
+        # What loading made (the model, the tokenizer: ~300k objects here) lives as long as the model.
+        # Frozen, Python's full collections stop walking it on the engine's thread between decode
+        # steps (a batch-1 step 0.97x, BENCHMARKS.md §7); finalize() hands it back.
+        gc.collect()
+        gc.freeze()
         log.info("kvserve model ready: %s (max_model_len=%d)", self.config.model, self.engine.max_model_len)
 
     @staticmethod
@@ -203,6 +209,7 @@ class TritonLLMModel:
         self._stop.set()
         self._outputs.put(None)
         self._thread.join(timeout=10)
+        gc.unfreeze()  # what the model leaves in reference cycles (its engine and callbacks) can go
 
     # ---- response thread ----------------------------------------------------------------------
     def _respond_loop(self) -> None:

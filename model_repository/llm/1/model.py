@@ -4,7 +4,6 @@ Runs unchanged in NVIDIA's tritonserver (with kvserve installed in its Python)
 and in kvserve's embedded host: it uses only `triton_python_backend_utils` and
 hands everything to `kvserve.backend.triton.triton_model`.
 """
-import gc
 import os
 
 # Before torch loads libgomp: OpenMP workers spin for GOMP_SPINCOUNT iterations
@@ -24,11 +23,6 @@ from kvserve.backend.triton import TritonLLMModel  # noqa: E402
 class TritonPythonModel:
     def initialize(self, args):
         self.impl = TritonLLMModel(pb_utils, args)
-        # What loading made (the model, the tokenizer: ~300k objects) lives as long as the model.
-        # Frozen, Python's full collections stop walking it on the engine's thread, between decode
-        # steps (~3 % of a batch-1 step here, BENCHMARKS.md §7). finalize() hands it back.
-        gc.collect()
-        gc.freeze()
 
     def execute(self, requests):
         return self.impl.execute(requests)
@@ -40,4 +34,3 @@ class TritonPythonModel:
 
     def finalize(self):
         self.impl.finalize()
-        gc.unfreeze()  # what the model leaves in reference cycles can be collected again
