@@ -55,6 +55,12 @@
 #define KVSERVE_MAX_BLOCK 64
 /* Rows of one context attended together (attend_rows_vec16); a longer run of them is cut. */
 #define KVSERVE_MAX_GROUP_ROWS 16
+/* The vector path's softmax runs over a context in partitions of this many positions, [p * 64,
+ * (p + 1) * 64), each from a fresh state, folded into the row's total in order (fold_part). Fixed
+ * positions, so a row's bits depend on its own context only: whether its partitions run in turn on
+ * one thread or side by side on several (a step with too few rows to keep the threads busy), and
+ * whatever else the step attends. */
+#define KVSERVE_ATTN_PART 64
 
 /* The caches' element formats (kernels/cpu_native.py's _KV_FORMATS). */
 #define KVSERVE_KV_F32 0
@@ -205,11 +211,42 @@ static inline __attribute__((always_inline)) v16 load16(const int FMT, const voi
 /* What load16's values are in units of: e4m3's are 2^-8 of theirs. */
 #define E4M3_UNIT 256.0f
 
-/* Tokens of the chunk at t0: up to chunk_max, within t0's cache block and before len. */
+/* Tokens of the chunk at t0: up to chunk_max, within t0's cache block and partition, before len. */
 static inline int chunk_len(int64_t t0, int64_t len, int64_t chunk_max, int64_t block_size) {
     int64_t n = block_size - t0 % block_size;
     n = n < chunk_max ? n : chunk_max;
+    const int64_t to_part = KVSERVE_ATTN_PART - t0 % KVSERVE_ATTN_PART; /* never less: block sizes divide it */
+    n = n < to_part ? n : to_part;
     return (int)(len - t0 < n ? len - t0 : n);
+}
+
+/* Fresh softmax states for h query heads of NV vectors each. */
+static inline void fresh_state(int64_t h, int64_t head_dim, float *restrict mx, float *restrict sum,
+                               float *restrict acc) {
+    memset(acc, 0, sizeof(float) * (size_t)(h * head_dim));
+    for (int64_t i = 0; i < h; i++) {
+        mx[i] = -INFINITY;
+        sum[i] = 0.0f;
+    }
+}
+
+/* Folds one partition's state of h query heads (pmx, psum, pacc) into their running total (mx, sum,
+ * acc), both on the scale of their own maxima. Folded into a fresh total, a partition's state comes
+ * out bit for bit (exp(-inf) is ~1e-38 times zeros; exp(0) is exactly 1). */
+static inline __attribute__((always_inline)) void fold_part(const int NV, int64_t h, float *restrict mx,
+                                                            float *restrict sum, float *restrict acc,
+                                                            const float *restrict pmx, const float *restrict psum,
+                                                            const float *restrict pacc) {
+    for (int64_t i = 0; i < h; i++) {
+        const float m = mx[i] > pmx[i] ? mx[i] : pmx[i];
+        const float keep = kvserve_exp(mx[i] - m), take = kvserve_exp(pmx[i] - m);
+        sum[i] = sum[i] * keep + psum[i] * take;
+        mx[i] = m;
+        for (int j = 0; j < NV; j++) {
+            float *a = acc + (i * NV + j) * 16;
+            v16_store(a, v16_fma(v16_load(pacc + (i * NV + j) * 16), v16_set1(take), v16_mul(v16_load(a), v16_set1(keep))));
+        }
+    }
 }
 
 /* One chunk of n tokens into the running softmax of one kv head's G query heads (NV vectors of 16
@@ -290,6 +327,16 @@ static inline __attribute__((always_inline)) const float *chunk_keys(const int F
     return kbuf;
 }
 
+/* A row's output for one kv head's G query heads from its folded total (acc in units of `unit`). */
+static inline __attribute__((always_inline)) void store_rows_out(float unit, const int NV, const int G,
+                                                                 const float *restrict sum, const float *restrict acc,
+                                                                 float *restrict o) {
+    for (int i = 0; i < G; i++) {
+        const v16 inv = v16_set1(unit / sum[i]);
+        for (int j = 0; j < NV; j++) v16_store(o + i * NV * 16 + j * 16, v16_mul(v16_load(acc + i * NV * 16 + j * 16), inv));
+    }
+}
+
 /* Prefetch the `span` bytes from element `at` of each cache, for the m slots from there on. */
 static inline void prefetch_rows(const void *key_cache, const void *value_cache, int64_t bytes, int64_t at, int m,
                                  int64_t row_stride, int64_t span) {
@@ -304,7 +351,8 @@ static inline void prefetch_rows(const void *key_cache, const void *value_cache,
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
- * accumulators in registers through the chunk. */
+ * accumulators in registers through the chunk. Each partition (KVSERVE_ATTN_PART) starts from a
+ * fresh state and is folded into the total at its end. */
 static inline __attribute__((always_inline)) void attend_vec16(
     const int FMT, const int NV, const int G, const float *restrict q, const void *key_cache,
     const void *value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,
@@ -312,13 +360,10 @@ static inline __attribute__((always_inline)) void attend_vec16(
     const int64_t bytes = kv_element_bytes(FMT);
     const int64_t head_dim = NV * 16;
     const int64_t heads = (kv_hi - kv_lo) * G;
-    float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM];
-    float mx[KVSERVE_MAX_HEADS], sum[KVSERVE_MAX_HEADS];
-    memset(acc, 0, sizeof(float) * (size_t)(heads * head_dim));
-    for (int64_t i = 0; i < heads; i++) {
-        mx[i] = -INFINITY;
-        sum[i] = 0.0f;
-    }
+    float acc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM], mx[KVSERVE_MAX_HEADS], sum[KVSERVE_MAX_HEADS]; /* partition */
+    float tacc[KVSERVE_MAX_HEADS * KVSERVE_MAX_HEAD_DIM], tmx[KVSERVE_MAX_HEADS], tsum[KVSERVE_MAX_HEADS]; /* total */
+    fresh_state(heads, head_dim, mx, sum, acc);
+    fresh_state(heads, head_dim, tmx, tsum, tacc);
     const float *qh = q + kv_lo * G * head_dim;
     float *oh = o + kv_lo * G * head_dim;
     const int64_t span = (kv_hi - kv_lo) * head_dim * bytes; /* bytes of a slot this item reads */
@@ -329,6 +374,10 @@ static inline __attribute__((always_inline)) void attend_vec16(
     const v16 score_scale = v16_set1(scale * unit);
     float kbuf[16 * 16 * 16]; /* a chunk's keys of one kv head widened: [token][NV * 16] */
     for (int64_t t0 = begin, n; t0 < len; t0 += n) {
+        if (t0 > begin && t0 % KVSERVE_ATTN_PART == 0) { /* a partition ends */
+            fold_part(NV, heads, tmx, tsum, tacc, mx, sum, acc);
+            fresh_state(heads, head_dim, mx, sum, acc);
+        }
         n = chunk_len(t0, len, chunk_max, block_size);
         const int64_t first =
             ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv_lo * head_dim;
@@ -345,47 +394,45 @@ static inline __attribute__((always_inline)) void attend_vec16(
                          score_scale, mx + kv * G, sum + kv * G, acc + kv * G * head_dim);
         }
     }
-    for (int64_t i = 0; i < heads; i++) {
-        const v16 inv = v16_set1(unit / sum[i]);
-        for (int j = 0; j < NV; j++) v16_store(oh + i * head_dim + j * 16, v16_mul(v16_load(acc + i * head_dim + j * 16), inv));
-    }
+    if (len > begin) fold_part(NV, heads, tmx, tsum, tacc, mx, sum, acc);
+    for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++)
+        store_rows_out(unit, NV, G, tsum + kv * G, tacc + kv * G * head_dim, oh + kv * G * head_dim);
 }
 
-/* Rows that read one context: the query rows [0, rows) of a request verifying proposals (each
- * row's query at q + r * q_stride, output at o + r * q_stride, length lens[r], all from position
- * 0), against one kv head. Each chunk's keys and values come from memory once, for the first row
- * that reads them; the other rows find them in L1. Row r takes attend_vec16's operations on its
- * own query in the same order, so its output has the same bits as alone in a plain decode step. */
-static inline __attribute__((always_inline)) void attend_rows_vec16(
+/* Rows that read one context: the query rows [0, rows) of a request verifying proposals or of a
+ * prompt chunk (each row's query at q + r * q_stride, length lens[r], all from position 0), against
+ * one kv head, over the positions [p0, p1) of one partition (p0 > 0: a window's start, for one row).
+ * Row r's state over [p0, min(p1, lens[r])), from fresh, goes to mx[r * G], sum[r * G] and
+ * acc[r * G * head_dim] (left fresh where the row ends before p0). Each chunk's keys and values come
+ * from memory once, for the first row that reads them; the other rows find them in L1. Row r takes
+ * attend_vec16's operations on its own query in the same order, so its output has the same bits as
+ * alone in a plain decode step. Prefetches run up to prefetch_end. */
+static inline __attribute__((always_inline)) void attend_rows_part(
     const int FMT, const int NV, const int G, const float *restrict q, const int32_t *restrict lens, int64_t rows,
-    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table,
-    float *restrict o, int64_t kv, int64_t row_stride, int64_t block_size, float scale) {
+    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table, int64_t kv,
+    int64_t row_stride, int64_t block_size, float scale, int64_t p0, int64_t p1, int64_t prefetch_end,
+    float *restrict mx, float *restrict sum, float *restrict acc) {
     const int64_t bytes = kv_element_bytes(FMT);
     const int64_t head_dim = NV * 16;
-    float acc[KVSERVE_MAX_GROUP_ROWS][4 * KVSERVE_MAX_HEAD_DIM];
-    float mx[KVSERVE_MAX_GROUP_ROWS][4], sum[KVSERVE_MAX_GROUP_ROWS][4];
-    int64_t len = 0;
+    int64_t len = p0;
     for (int64_t r = 0; r < rows; r++) {
-        memset(acc[r], 0, sizeof(float) * (size_t)(G * head_dim));
-        for (int i = 0; i < G; i++) {
-            mx[r][i] = -INFINITY;
-            sum[r][i] = 0.0f;
-        }
+        fresh_state(G, head_dim, mx + r * G, sum + r * G, acc + r * G * head_dim);
         len = lens[r] > len ? lens[r] : len;
     }
+    len = len < p1 ? len : p1;
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
     const float unit = FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
     const v16 score_scale = v16_set1(scale * unit);
     float kbuf[16 * 16 * 16];
-    for (int64_t t0 = 0, n; t0 < len; t0 += n) {
+    for (int64_t t0 = p0, n; t0 < len; t0 += n) {
         n = chunk_len(t0, len, chunk_max, block_size);
         const int64_t kv_first =
             ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv * head_dim;
         const int64_t t1 = t0 + n;
-        if (t1 < len)
+        if (t1 < prefetch_end)
             prefetch_rows(key_cache, value_cache, bytes,
                           ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv * head_dim,
-                          chunk_len(t1, len, chunk_max, block_size), row_stride, head_dim * bytes);
+                          chunk_len(t1, prefetch_end, chunk_max, block_size), row_stride, head_dim * bytes);
         int64_t k_stride;
         const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
         for (int64_t r = 0; r < rows; r++) {
@@ -393,15 +440,40 @@ static inline __attribute__((always_inline)) void attend_rows_vec16(
             const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
             if (m > 0)
                 attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
-                             row_stride, (int)m, score_scale, mx[r], sum[r], acc[r]);
+                             row_stride, (int)m, score_scale, mx + r * G, sum + r * G, acc + r * G * head_dim);
         }
     }
+}
+
+/* The rows [0, rows) of one context (lens[r] each, from position 0; outputs at o + r * q_stride)
+ * against one kv head, partition after partition on this thread: a row's partitions are folded in
+ * order, as the split path (kvserve_paged_decode) folds them. */
+static inline __attribute__((always_inline)) void attend_rows_vec16(
+    const int FMT, const int NV, const int G, const float *restrict q, const int32_t *restrict lens, int64_t rows,
+    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table,
+    float *restrict o, int64_t kv, int64_t row_stride, int64_t block_size, float scale) {
+    const int64_t head_dim = NV * 16;
+    /* row r's G heads at r * G (mx, sum) and r * G * head_dim (acc): this partition's, and the folded ones' */
+    float acc[KVSERVE_MAX_GROUP_ROWS * 4 * KVSERVE_MAX_HEAD_DIM], mx[KVSERVE_MAX_GROUP_ROWS * 4],
+        sum[KVSERVE_MAX_GROUP_ROWS * 4];
+    float tacc[KVSERVE_MAX_GROUP_ROWS * 4 * KVSERVE_MAX_HEAD_DIM], tmx[KVSERVE_MAX_GROUP_ROWS * 4],
+        tsum[KVSERVE_MAX_GROUP_ROWS * 4];
+    int64_t len = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        fresh_state(G, head_dim, tmx + r * G, tsum + r * G, tacc + r * G * head_dim);
+        len = lens[r] > len ? lens[r] : len;
+    }
+    for (int64_t p0 = 0; p0 < len; p0 += KVSERVE_ATTN_PART) {
+        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, key_cache, value_cache, table, kv, row_stride,
+                         block_size, scale, p0, p0 + KVSERVE_ATTN_PART, len, mx, sum, acc);
+        for (int64_t r = 0; r < rows; r++)
+            if (lens[r] > p0)
+                fold_part(NV, G, tmx + r * G, tsum + r * G, tacc + r * G * head_dim, mx + r * G, sum + r * G,
+                          acc + r * G * head_dim);
+    }
     for (int64_t r = 0; r < rows; r++)
-        for (int i = 0; i < G; i++) {
-            const v16 inv = v16_set1(unit / sum[r][i]);
-            float *oh = o + r * q_stride + (kv * G + i) * head_dim;
-            for (int j = 0; j < NV; j++) v16_store(oh + j * 16, v16_mul(v16_load(acc[r] + i * head_dim + j * 16), inv));
-        }
+        store_rows_out(FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f, NV, G, tsum + r * G, tacc + r * G * head_dim,
+                       o + r * q_stride + kv * G * head_dim);
 }
 
 #define ATTEND_VEC16(FMT, NV, G)                                                                                 \
@@ -417,6 +489,13 @@ static inline __attribute__((always_inline)) void attend_rows_vec16(
                                                       int64_t row_stride, int64_t block_size, float scale) {      \
         attend_rows_vec16(FMT, NV, G, q, lens, rows, q_stride, kc, vc, table, o, kv, row_stride, block_size,     \
                           scale);                                                                                \
+    }                                                                                                            \
+    static void attend_rows_part_##FMT##_##NV##_##G(                                                             \
+        const float *q, const int32_t *lens, int64_t rows, int64_t q_stride, const void *kc, const void *vc,     \
+        const int32_t *table, int64_t kv, int64_t row_stride, int64_t block_size, float scale, int64_t p0,       \
+        int64_t p1, int64_t prefetch_end, float *mx, float *sum, float *acc) {                                   \
+        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, kc, vc, table, kv, row_stride, block_size, scale,  \
+                         p0, p1, prefetch_end, mx, sum, acc);                                                    \
     }
 #define ATTEND_VEC16_SHAPES(FMT) \
     ATTEND_VEC16(FMT, 4, 1)      \
@@ -440,6 +519,9 @@ typedef void (*attend_fn)(const float *, const void *, const void *, const int32
                           int64_t, int64_t, int64_t, int64_t, float);
 typedef void (*attend_rows_fn)(const float *, const int32_t *, int64_t, int64_t, const void *, const void *,
                                const int32_t *, float *, int64_t, int64_t, int64_t, float);
+typedef void (*attend_part_fn)(const float *, const int32_t *, int64_t, int64_t, const void *, const void *,
+                               const int32_t *, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t, float *,
+                               float *, float *);
 
 /* Index of the specialised kernels for this format, head size and group, or -1 (the scalar loops run). */
 static int vec16_shape(int fmt, int64_t head_dim, int64_t group) {
@@ -457,6 +539,9 @@ static const attend_fn vec16_kernels[48] = {KERNELS_OF(attend_vec16, 0), KERNELS
 static const attend_rows_fn vec16_rows_kernels[48] = {
     KERNELS_OF(attend_rows_vec16, 0), KERNELS_OF(attend_rows_vec16, 1), KERNELS_OF(attend_rows_vec16, 2),
     KERNELS_OF(attend_rows_vec16, 3)};
+static const attend_part_fn vec16_part_kernels[48] = {
+    KERNELS_OF(attend_rows_part, 0), KERNELS_OF(attend_rows_part, 1), KERNELS_OF(attend_rows_part, 2),
+    KERNELS_OF(attend_rows_part, 3)};
 #undef KERNELS_OF
 #endif
 
@@ -493,14 +578,83 @@ static int64_t context_runs(const int32_t *tables, int64_t table_stride, const i
     starts[runs] = batch;
     return runs;
 }
+
+/* Too few (run, kv head) units to keep the threads busy (a step of one or a few requests): each
+ * unit's context is cut into its partitions, one work item each, whose states go to a buffer; then
+ * each (row, kv head) folds its partitions in order and writes its output. The same partitions and
+ * folds as on one thread, so the same bits; no context is read twice. Returns nonzero where the
+ * buffer could not be had (the caller runs the unsplit path). */
+static int attend_split(int shape, int kv_format, const float *query, const void *key_cache, const void *value_cache,
+                        const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out, int64_t batch,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t window,
+                        float scale, int num_threads, const int64_t *starts, int64_t runs) {
+    const attend_part_fn part = vec16_part_kernels[shape];
+    const int64_t group = num_heads / num_kv_heads, q_stride = num_heads * head_dim;
+    const int64_t row_stride = num_kv_heads * head_dim, P = KVSERVE_ATTN_PART;
+    /* run i: its positions [begin[i], end[i]) (a window starts only a one-row run), partitions first[i]
+     * on, parts[i] of them; its items from item_at[i] on (kv head-major), its states from state_at[i]
+     * on ([kv head][partition][row] of G query heads each) */
+    int64_t begin[runs], end[runs], first[runs], parts[runs], item_at[runs + 1], state_at[runs + 1];
+    item_at[0] = state_at[0] = 0;
+    for (int64_t i = 0; i < runs; i++) {
+        const int64_t rows = starts[i + 1] - starts[i];
+        end[i] = 0;
+        for (int64_t b = starts[i]; b < starts[i + 1]; b++) end[i] = lens[b] > end[i] ? lens[b] : end[i];
+        begin[i] = rows == 1 ? first_visible(lens[starts[i]], window) : 0;
+        first[i] = begin[i] / P;
+        parts[i] = (end[i] - 1) / P - first[i] + 1;
+        item_at[i + 1] = item_at[i] + num_kv_heads * parts[i];
+        state_at[i + 1] = state_at[i] + num_kv_heads * parts[i] * rows;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)(state_at[runs] * group * (2 + head_dim)));
+    if (!buf) return 1;
+    float *mxs = buf, *sums = mxs + state_at[runs] * group, *accs = sums + state_at[runs] * group;
+    const float unit = kv_format == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < item_at[runs]; item++) {
+            int64_t i = 0;
+            while (item >= item_at[i + 1]) i++;
+            const int64_t kv = (item - item_at[i]) / parts[i], p = (item - item_at[i]) % parts[i];
+            const int64_t b = starts[i], rows = starts[i + 1] - b, s = state_at[i] + (kv * parts[i] + p) * rows;
+            const int64_t p0 = (first[i] + p) * P > begin[i] ? (first[i] + p) * P : begin[i];
+            const int64_t p1 = (first[i] + p + 1) * P;
+            part(query + b * q_stride, lens + b, rows, q_stride, key_cache, value_cache, tables + b * table_stride, kv,
+                 row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i], mxs + s * group, sums + s * group,
+                 accs + s * group * head_dim);
+        }
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < batch * num_kv_heads; pair++) {
+            const int64_t b = pair / num_kv_heads, kv = pair % num_kv_heads;
+            int64_t i = 0;
+            while (b >= starts[i + 1]) i++;
+            const int64_t rows = starts[i + 1] - starts[i], r = b - starts[i];
+            float tacc[4 * KVSERVE_MAX_HEAD_DIM], tmx[4], tsum[4];
+            fresh_state(group, head_dim, tmx, tsum, tacc);
+            for (int64_t p = 0; p < parts[i]; p++) {
+                const int64_t p0 = (first[i] + p) * P > begin[i] ? (first[i] + p) * P : begin[i];
+                if (lens[b] <= p0) break; /* the row ends before this partition */
+                const int64_t s = state_at[i] + (kv * parts[i] + p) * rows + r;
+                fold_part((int)(head_dim / 16), group, tmx, tsum, tacc, mxs + s * group, sums + s * group,
+                          accs + s * group * head_dim);
+            }
+            store_rows_out(unit, (int)(head_dim / 16), (int)group, tsum, tacc, out + b * q_stride + kv * group * head_dim);
+        }
+    }
+    free(buf);
+    return 0;
+}
 #endif
 
 /* Returns 0, or -1 when the shapes exceed the stack buffers' limits or the format is unknown (nothing
  * is written then). `values`: the fp8 format's 256 values (NULL for float32 and bfloat16 caches).
  * Work items are whole requests when there are enough of them to keep every thread busy (each
  * cache block is then streamed once, front to back), else (request, kv head) pairs. Consecutive
- * rows that read one context (a request verifying proposals, on the vector path) are attended
- * together, a (run of rows, kv head) pair per work item: their context is read once, not once a row. */
+ * rows that read one context (a request verifying proposals or a prompt chunk, on the vector path)
+ * are attended together, a (run of rows, kv head) pair per work item: their context is read once,
+ * not once a row. With fewer such pairs than twice the threads, the vector path cuts them into
+ * their contexts' partitions (attend_split). */
 int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
                          const float *values, const int32_t *tables, int64_t table_stride, const int32_t *lens,
                          float *out, int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -515,27 +669,26 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
 #if defined(KVSERVE_VEC16)
     const int shape = vec16_shape(kv_format, head_dim, group);
     const attend_fn fast = shape >= 0 ? vec16_kernels[shape] : NULL;
-    if (fast && batch > 1) {
+    if (fast) {
         int64_t starts[batch + 1];
         const int64_t runs = context_runs(tables, table_stride, lens, window, batch, starts);
+        /* Fewer (run, kv head) units than twice the threads (one request's three kv heads went 2:1 over
+         * two threads, Gemma 3's one kv head left the second idle): each unit's partitions in turn. */
+        if (runs * num_kv_heads < 2 * (int64_t)num_threads &&
+            !attend_split(shape, kv_format, query, key_cache, value_cache, tables, table_stride, lens, out, batch,
+                          num_heads, num_kv_heads, head_dim, block_size, window, scale, num_threads, starts, runs))
+            return 0;
         if (runs < batch) {
             const attend_rows_fn fast_rows = vec16_rows_kernels[shape];
-            /* Fewer (run, kv head) pairs than twice the threads: each run's rows are cut into parts,
-             * so that no thread waits on another's whole run (a part re-reads the context, from the
-             * shared cache when its sibling part ran just before). */
-            const int64_t pairs = runs * num_kv_heads;
-            const int64_t parts = pairs >= 2 * (int64_t)num_threads ? 1 : (2 * num_threads + pairs - 1) / pairs;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-            for (int64_t item = 0; item < pairs * parts; ++item) {
-                const int64_t run = item / (num_kv_heads * parts), kv = item / parts % num_kv_heads;
-                const int64_t run_rows = starts[run + 1] - starts[run], per_part = (run_rows + parts - 1) / parts;
-                const int64_t b = starts[run] + item % parts * per_part;
-                const int64_t end = b + per_part < starts[run + 1] ? b + per_part : starts[run + 1];
+            for (int64_t item = 0; item < runs * num_kv_heads; ++item) {
+                const int64_t run = item / num_kv_heads, kv = item % num_kv_heads;
+                const int64_t b = starts[run], end = starts[run + 1];
                 const int32_t *table = tables + b * table_stride;
                 if (end - b > 1) {
                     fast_rows(query + b * q_stride, lens + b, end - b, q_stride, key_cache, value_cache, table,
                               out + b * q_stride, kv, row_stride, block_size, scale);
-                } else if (end - b == 1) {
+                } else {
                     const int64_t len = lens[b], begin = first_visible(len, window);
                     fast(query + b * q_stride, key_cache, value_cache, table, begin, len, out + b * q_stride, kv,
                          kv + 1, row_stride, block_size, scale);
@@ -543,29 +696,6 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
             }
             return 0;
         }
-    }
-    /* Fewer (row, kv head) pairs than threads (a plain batch-1 step of Gemma 3 270M, whose one kv
-     * head left the second thread idle): each kv head's query heads are cut in two halves, an item
-     * each. Both halves read the kv head's context: only worth it where a thread would otherwise
-     * have nothing (SmolLM2's 3 kv heads on 2 threads ran 1.1-1.3x slower cut so, the reads
-     * doubling; Gemma's attention at batch 1 runs 0.53-0.59x at 300 tokens of context, 0.84x at
-     * 600). A query head's operations do not depend on the others' in its group: its output has
-     * the same bits. */
-    if (fast && group >= 2 && batch * num_kv_heads < (int64_t)num_threads) {
-        const int64_t first_half = (group + 1) / 2, bytes = kv_element_bytes(kv_format);
-        const attend_fn halves[2] = {vec16_kernels[vec16_shape(kv_format, head_dim, first_half)],
-                                     vec16_kernels[vec16_shape(kv_format, head_dim, group - first_half)]};
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-        for (int64_t item = 0; item < batch * num_kv_heads * 2; ++item) {
-            const int64_t b = item / (num_kv_heads * 2), kv = item / 2 % num_kv_heads, half = item % 2;
-            const int64_t at = b * q_stride + (kv * group + half * first_half) * head_dim; /* its first query head */
-            const int64_t len = lens[b], begin = first_visible(len, window);
-            /* the caches from this kv head's row on, so that the half reads it as its kv head 0 */
-            halves[half](query + at, (const char *)key_cache + kv * head_dim * bytes,
-                         (const char *)value_cache + kv * head_dim * bytes, tables + b * table_stride, begin, len,
-                         out + at, 0, 1, row_stride, block_size, scale);
-        }
-        return 0;
     }
 #endif
     const int64_t split = batch >= 2 * (int64_t)num_threads ? 1 : num_kv_heads; /* items per request */

@@ -193,6 +193,35 @@ def test_rows_that_read_one_context_get_the_bits_they_get_alone(dtype, num_heads
         assert_close(together, want, torch.float32)
 
 
+@pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 1, 256, 32), (8, 2, 128, 8)])
+@pytest.mark.parametrize("window", [0, 100])
+def test_a_row_has_the_same_bits_whether_its_partitions_run_on_one_thread_or_several(num_heads, num_kv_heads, head_dim,
+                                                                                     block_size, window):
+    """The vector path's softmax runs over fixed 64-position partitions of a context, folded in
+    order. A step of one or two requests spreads their partitions over the threads; a fuller step
+    runs each request's on one thread. A row must get the same bits either way, so that its token
+    does not depend on what else the step holds: contexts ending inside, on and past partition
+    edges, and windows that start inside a partition."""
+    gen = torch.Generator().manual_seed(num_heads * head_dim + block_size + window)
+    lens = [1, 63, 64, 65, 128, 129, 200, 333]
+    kv = make_paged_kv(lens, num_kv_heads, head_dim, block_size, torch.float32, torch.device("cpu"), gen)
+    query = torch.randn(len(lens), num_heads, head_dim, generator=gen)
+
+    def attend(rows: slice) -> torch.Tensor:
+        return cpu_native.paged_decode(query[rows], kv.key_cache, kv.value_cache, kv.block_tables[rows].contiguous(),
+                                       kv.seq_lens[rows].contiguous(), 0.125, window=window)
+
+    together = attend(slice(0, len(lens)))  # 8 requests: each on one thread
+    for i in range(len(lens)):
+        assert torch.equal(attend(slice(i, i + 1)), together[i:i + 1]), f"alone, length {lens[i]}"
+        if i + 1 < len(lens):
+            assert torch.equal(attend(slice(i, i + 2)), together[i:i + 2]), f"in a pair, length {lens[i]}"
+    want = (windowed_reference(query, kv, [1] * len(lens), 0.125, window) if window
+            else paged_decode_attention_torch(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, 0.125))
+    assert_close(together, want, torch.float32)
+
+
 def test_store_kv_equals_reference_with_skipped_slots():
     gen = torch.Generator().manual_seed(3)
     ops = TorchOps()
