@@ -121,7 +121,7 @@ def test_paged_decode_and_widening(builds, dtype, heads, kv_heads, head_dim, blo
     tables = (torch.randperm(blocks - 1, generator=g)[:3 * per] + 1).to(torch.int32).view(3, per)[[0, 0, 0, 1, 2]]
     query = torch.randn(len(lens), heads, head_dim, generator=g)
     fmt, values = cpu_native._KV_FORMATS[dtype], cpu_native._kv_values(dtype)
-    for rows in (len(lens), 1):  # one row: with one kv head (4, 1, 256) its query heads go in two halves
+    for rows in (len(lens), 1):  # one row: its context split into partitions over the threads
         _both(builds, lambda lib, out: lib.kvserve_paged_decode(
             query.data_ptr(), key.data_ptr(), value.data_ptr(), fmt, values, tables.data_ptr(), per, lens.data_ptr(),
             out.data_ptr(), rows, heads, kv_heads, head_dim, block_size, window, head_dim ** -0.5, 2),
