@@ -61,3 +61,29 @@ def test_native_int4_linear_is_the_matmul_of_its_dequantized_codes(rows):
     assert cpu_native.pack_linear_i4(codes[:, :48], scale, zero) is None  # inputs not a multiple of 32
     with pytest.raises(ValueError):
         cpu_native.linear_i4(torch.randn(rows, 96), packed, n, b)  # a width the weight was not packed for
+
+
+@pytest.mark.parametrize("kind", ["float32", "int8", "int4"])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(kind):
+    """Up to 8 rows are read where they lie and more are first copied into 16-row blocks; either
+    way each row takes the same FMAs in the same order, so its output has the same bits alone, in a
+    few rows or in many (a verified proposal must come out as in a plain step)."""
+    gen = torch.Generator().manual_seed(7)
+    n, k, total = 37, 64, 40
+    wide = torch.randn(total, k + 16, generator=gen)
+    x, b = wide[:, 8:8 + k], torch.randn(n, generator=gen)  # rows k + 16 floats apart
+    if kind == "float32":
+        packed = cpu_native.pack_linear(torch.randn(n, k, generator=gen))
+        run = lambda rows: cpu_native.linear(rows, packed, n, b)  # noqa: E731
+    elif kind == "int8":
+        packed = cpu_native.pack_linear(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8))
+        scales = torch.rand(n, generator=gen) / 100
+        run = lambda rows: cpu_native.linear(rows, packed, n, b, scales)  # noqa: E731
+    else:
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+        packed = cpu_native.pack_linear_i4(codes, torch.rand(n, 2, generator=gen) / 10,
+                                           torch.randn(n, 2, generator=gen) / 10)
+        run = lambda rows: cpu_native.linear_i4(rows, packed, n, b)  # noqa: E731
+    alone = torch.cat([run(x[i:i + 1]) for i in range(total)])
+    for m in (2, 5, 8, 9, 16, 17, total):
+        assert torch.equal(run(x[:m]), alone[:m]), m
