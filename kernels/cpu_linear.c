@@ -9,7 +9,8 @@
  * - the weight is packed as tiles of 16 output features, [N/16][K][16] (zero past N), so one
  *   load is one k for 16 outputs (64 bytes of float32, 16 of int8, 8 of int4);
  * - the rows of x are copied per call into blocks of 16 rows, [M/16][K][16], so the 16 values of
- *   one k share a cache line and each reaches its FMA as a broadcast;
+ *   one k share a cache line and each reaches its FMA as a broadcast (up to 8 rows are read where
+ *   they lie instead: KVSERVE_LINEAR_DIRECT_ROWS);
  * - a tile's 16 outputs for 16 rows accumulate in 16 of AVX-512's 32 vector registers (under
  *   AVX2, 4 rows in 8 of its 16, four passes per block); further row blocks take further passes
  *   over the tile while it is still in L1/L2;
@@ -141,7 +142,9 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
  * blocks where a k's 16 values share a cache line. In place, each k reads one value from each row's
  * line: cheaper than the copy at a few rows, dearer with a line per row for many (one step's
  * projections on SmolLM2's grid codes, in place / copied: 0.94x at 5 rows, 0.96x at 8, 1.03x at 10,
- * 1.01x at 16). AVX-512 only: AVX2's widened chunks read the blocks. */
+ * 1.01x at 16; the native decode step at 5 rows 0.91x, at 8 0.99x). AVX-512 only: AVX2's widened
+ * chunks read the blocks. The copy stays on the calling thread: split between the threads it made
+ * the 16-row native step 1.03x slower, each thread then reading rows the other had just written. */
 #define KVSERVE_LINEAR_DIRECT_ROWS (KVSERVE_LINEAR_PASS_ROWS >= 8 ? 8 : 0)
 
 #if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
@@ -275,31 +278,27 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
                                                       : (size_t)(k * KVSERVE_LINEAR_TILE);
     const int64_t group_len = k / (wt == W_G8H ? KVSERVE_LINEAR_HALF_GROUP : KVSERVE_LINEAR_I4_GROUP)
                               * KVSERVE_LINEAR_TILE; /* a tile's group scales */
+    if (!direct)
+        for (int64_t row = 0; row < m; row++) {
+            float *dst = xb + (row / KVSERVE_LINEAR_ROWS) * block_len + row % KVSERVE_LINEAR_ROWS;
+            for (int64_t kk = 0; kk < k; kk++) dst[kk * KVSERVE_LINEAR_ROWS] = x[row * x_stride + kk];
+        }
 #pragma omp parallel num_threads(num_threads)
-    {
-        /* The rows into their blocks, the inputs split between the threads: one thread's strided
-         * stores (~16 of a 16-row step's 36-40 ms on SmolLM2) left the others waiting. */
+    for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
+        const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
 #pragma omp for schedule(static)
-        for (int64_t kk = 0; kk < (direct ? 0 : k); kk++)
-            for (int64_t row = 0; row < m; row++)
-                xb[(row / KVSERVE_LINEAR_ROWS) * block_len + kk * KVSERVE_LINEAR_ROWS + row % KVSERVE_LINEAR_ROWS] =
-                    x[row * x_stride + kk];
-        for (int64_t g0 = 0; g0 < blocks; g0 += KVSERVE_LINEAR_GROUP) {
-            const int64_t g1 = g0 + KVSERVE_LINEAR_GROUP < blocks ? g0 + KVSERVE_LINEAR_GROUP : blocks;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t col = t * KVSERVE_LINEAR_TILE;
-                const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
-                const void *w = (const char *)packed + (size_t)t * tile_bytes;
-                for (int64_t b = g0; b < g1; b++) {
-                    const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
-                    const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
-                    const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
-                    const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
-                    tile_rows(rows, wt, direct ? x + r0 * x_stride : xb + b * block_len, direct ? x_stride : 0, w, k,
-                              tile_scales, tile_zeros, bias ? bias + col : NULL, out + r0 * out_stride + col,
-                              out_stride, (int)width);
-                }
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t col = t * KVSERVE_LINEAR_TILE;
+            const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
+            const void *w = (const char *)packed + (size_t)t * tile_bytes;
+            for (int64_t b = g0; b < g1; b++) {
+                const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
+                const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
+                const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
+                const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
+                tile_rows(rows, wt, direct ? x + r0 * x_stride : xb + b * block_len, direct ? x_stride : 0, w, k,
+                          tile_scales, tile_zeros, bias ? bias + col : NULL, out + r0 * out_stride + col,
+                          out_stride, (int)width);
             }
         }
     }
