@@ -237,7 +237,7 @@ async def run_gateway(gateway: Gateway, host: str, port: int, child: HostProcess
     app = build_app(gateway)
     runner, bound = await start_app(app, host, port)
     # What start-up made lives as long as the process: frozen, Python's full collections no longer
-    # walk it between the streamed tokens (the engine's process does the same, model.py).
+    # walk it between the streamed tokens (the engine's process does the same: backend/triton/triton_model.py).
     gc.collect()
     gc.freeze()
     loop = asyncio.get_running_loop()
