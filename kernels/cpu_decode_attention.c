@@ -244,7 +244,8 @@ static inline __attribute__((always_inline)) void fold_part(const int NV, int64_
         mx[i] = m;
         for (int j = 0; j < NV; j++) {
             float *a = acc + (i * NV + j) * 16;
-            v16_store(a, v16_fma(v16_load(pacc + (i * NV + j) * 16), v16_set1(take), v16_mul(v16_load(a), v16_set1(keep))));
+            const v16 kept = v16_mul(v16_load(a), v16_set1(keep));
+            v16_store(a, v16_fma(v16_load(pacc + (i * NV + j) * 16), v16_set1(take), kept));
         }
     }
 }
@@ -333,7 +334,8 @@ static inline __attribute__((always_inline)) void store_rows_out(float unit, con
                                                                  float *restrict o) {
     for (int i = 0; i < G; i++) {
         const v16 inv = v16_set1(unit / sum[i]);
-        for (int j = 0; j < NV; j++) v16_store(o + i * NV * 16 + j * 16, v16_mul(v16_load(acc + i * NV * 16 + j * 16), inv));
+        for (int j = 0; j < NV; j++)
+            v16_store(o + i * NV * 16 + j * 16, v16_mul(v16_load(acc + i * NV * 16 + j * 16), inv));
     }
 }
 
@@ -639,7 +641,8 @@ static int attend_split(int shape, int kv_format, const float *query, const void
                 fold_part((int)(head_dim / 16), group, tmx, tsum, tacc, mxs + s * group, sums + s * group,
                           accs + s * group * head_dim);
             }
-            store_rows_out(unit, (int)(head_dim / 16), (int)group, tsum, tacc, out + b * q_stride + kv * group * head_dim);
+            store_rows_out(unit, (int)(head_dim / 16), (int)group, tsum, tacc,
+                           out + b * q_stride + kv * group * head_dim);
         }
     }
     free(buf);

@@ -194,7 +194,8 @@ def test_rows_that_read_one_context_get_the_bits_they_get_alone(dtype, num_heads
 
 
 @pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 1, 256, 32), (8, 2, 128, 8)])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size",
+                         [(9, 3, 64, 16), (4, 1, 256, 32), (8, 2, 128, 8)])
 @pytest.mark.parametrize("window", [0, 100])
 def test_a_row_has_the_same_bits_whether_its_partitions_run_on_one_thread_or_several(num_heads, num_kv_heads, head_dim,
                                                                                      block_size, window):
