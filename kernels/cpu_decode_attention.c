@@ -581,6 +581,11 @@ static int64_t context_runs(const int32_t *tables, int64_t table_stride, const i
     return runs;
 }
 
+/* The first position of partition `part` that a context starting at `begin` attends. */
+static inline int64_t part_start(int64_t part, int64_t begin) {
+    return part * KVSERVE_ATTN_PART > begin ? part * KVSERVE_ATTN_PART : begin;
+}
+
 /* Too few (run, kv head) units to keep the threads busy (a step of one or a few requests): each
  * unit's context is cut into its partitions, one work item each, whose states go to a buffer; then
  * each (row, kv head) folds its partitions in order and writes its output. The same partitions and
@@ -620,8 +625,7 @@ static int attend_split(int shape, int kv_format, const float *query, const void
             while (item >= item_at[i + 1]) i++;
             const int64_t kv = (item - item_at[i]) / parts[i], p = (item - item_at[i]) % parts[i];
             const int64_t b = starts[i], rows = starts[i + 1] - b, s = state_at[i] + (kv * parts[i] + p) * rows;
-            const int64_t p0 = (first[i] + p) * P > begin[i] ? (first[i] + p) * P : begin[i];
-            const int64_t p1 = (first[i] + p + 1) * P;
+            const int64_t p0 = part_start(first[i] + p, begin[i]), p1 = (first[i] + p + 1) * P;
             part(query + b * q_stride, lens + b, rows, q_stride, key_cache, value_cache, tables + b * table_stride, kv,
                  row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i], mxs + s * group, sums + s * group,
                  accs + s * group * head_dim);
@@ -635,8 +639,7 @@ static int attend_split(int shape, int kv_format, const float *query, const void
             float tacc[4 * KVSERVE_MAX_HEAD_DIM], tmx[4], tsum[4];
             fresh_state(group, head_dim, tmx, tsum, tacc);
             for (int64_t p = 0; p < parts[i]; p++) {
-                const int64_t p0 = (first[i] + p) * P > begin[i] ? (first[i] + p) * P : begin[i];
-                if (lens[b] <= p0) break; /* the row ends before this partition */
+                if (lens[b] <= part_start(first[i] + p, begin[i])) break; /* the row ends before this partition */
                 const int64_t s = state_at[i] + (kv * parts[i] + p) * rows + r;
                 fold_part((int)(head_dim / 16), group, tmx, tsum, tacc, mxs + s * group, sums + s * group,
                           accs + s * group * head_dim);
