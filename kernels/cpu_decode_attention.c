@@ -403,24 +403,27 @@ static inline __attribute__((always_inline)) void attend_vec16(
 
 /* Rows that read one context: the query rows [0, rows) of a request verifying proposals or of a
  * prompt chunk (each row's query at q + r * q_stride, length lens[r], all from position 0), against
- * one kv head, over the positions [p0, p1) of one partition (p0 > 0: a window's start, for one row).
- * Row r's state over [p0, min(p1, lens[r])), from fresh, goes to mx[r * G], sum[r * G] and
- * acc[r * G * head_dim] (left fresh where the row ends before p0). Each chunk's keys and values come
- * from memory once, for the first row that reads them; the other rows find them in L1. Row r takes
- * attend_vec16's operations on its own query in the same order, so its output has the same bits as
- * alone in a plain decode step. Prefetches run up to prefetch_end. */
+ * kv heads [kv_lo, kv_hi), over the positions [p0, p1) of one partition (p0 > 0: a window's start, for
+ * one row). Row r's state for kv head kv_lo + j over [p0, min(p1, lens[r])), from fresh, is state
+ * s = j * kv_state + r: mx[s * G], sum[s * G] and acc[s * G * head_dim] (left fresh where the row ends
+ * before p0). A chunk's kv heads are attended in turn, so its cache rows are read whole. Each chunk's
+ * keys and values come from memory once, for the first row that reads them; the other rows find them
+ * in L1. Row r takes attend_vec16's operations on its own query in the same order, so its output has
+ * the same bits as alone in a plain decode step. Prefetches run up to prefetch_end. */
 static inline __attribute__((always_inline)) void attend_rows_part(
     const int FMT, const int NV, const int G, const float *restrict q, const int32_t *restrict lens, int64_t rows,
-    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table, int64_t kv,
-    int64_t row_stride, int64_t block_size, float scale, int64_t p0, int64_t p1, int64_t prefetch_end,
-    float *restrict mx, float *restrict sum, float *restrict acc) {
+    int64_t q_stride, const void *key_cache, const void *value_cache, const int32_t *restrict table, int64_t kv_lo,
+    int64_t kv_hi, int64_t kv_state, int64_t row_stride, int64_t block_size, float scale, int64_t p0, int64_t p1,
+    int64_t prefetch_end, float *restrict mx, float *restrict sum, float *restrict acc) {
     const int64_t bytes = kv_element_bytes(FMT);
     const int64_t head_dim = NV * 16;
     int64_t len = p0;
-    for (int64_t r = 0; r < rows; r++) {
-        fresh_state(G, head_dim, mx + r * G, sum + r * G, acc + r * G * head_dim);
-        len = lens[r] > len ? lens[r] : len;
-    }
+    for (int64_t r = 0; r < rows; r++) len = lens[r] > len ? lens[r] : len;
+    for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t s = kv * kv_state + r;
+            fresh_state(G, head_dim, mx + s * G, sum + s * G, acc + s * G * head_dim);
+        }
     len = len < p1 ? len : p1;
     const int64_t chunk_max = block_size < 16 ? block_size : 16;
     const float unit = FMT == KVSERVE_KV_FP8_E4M3 ? E4M3_UNIT : 1.0f;
@@ -428,21 +431,26 @@ static inline __attribute__((always_inline)) void attend_rows_part(
     float kbuf[16 * 16 * 16];
     for (int64_t t0 = p0, n; t0 < len; t0 += n) {
         n = chunk_len(t0, len, chunk_max, block_size);
-        const int64_t kv_first =
-            ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv * head_dim;
+        const int64_t slot = (int64_t)table[t0 / block_size] * block_size + t0 % block_size;
         const int64_t t1 = t0 + n;
         if (t1 < prefetch_end)
             prefetch_rows(key_cache, value_cache, bytes,
-                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv * head_dim,
-                          chunk_len(t1, prefetch_end, chunk_max, block_size), row_stride, head_dim * bytes);
-        int64_t k_stride;
-        const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
-        for (int64_t r = 0; r < rows; r++) {
-            /* a row's chunks are attend_vec16's for its own length: this one, cut at its end */
-            const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
-            if (m > 0)
-                attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
-                             row_stride, (int)m, score_scale, mx + r * G, sum + r * G, acc + r * G * head_dim);
+                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride
+                              + kv_lo * head_dim,
+                          chunk_len(t1, prefetch_end, chunk_max, block_size), row_stride,
+                          (kv_hi - kv_lo) * head_dim * bytes);
+        for (int64_t kv = kv_lo; kv < kv_hi; kv++) {
+            const int64_t kv_first = slot * row_stride + kv * head_dim;
+            int64_t k_stride;
+            const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
+            for (int64_t r = 0; r < rows; r++) {
+                /* a row's chunks are attend_vec16's for its own length: this one, cut at its end */
+                const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
+                const int64_t s = (kv - kv_lo) * kv_state + r;
+                if (m > 0)
+                    attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
+                                 row_stride, (int)m, score_scale, mx + s * G, sum + s * G, acc + s * G * head_dim);
+            }
         }
     }
 }
@@ -466,8 +474,8 @@ static inline __attribute__((always_inline)) void attend_rows_vec16(
         len = lens[r] > len ? lens[r] : len;
     }
     for (int64_t p0 = 0; p0 < len; p0 += KVSERVE_ATTN_PART) {
-        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, key_cache, value_cache, table, kv, row_stride,
-                         block_size, scale, p0, p0 + KVSERVE_ATTN_PART, len, mx, sum, acc);
+        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, key_cache, value_cache, table, kv, kv + 1, 0,
+                         row_stride, block_size, scale, p0, p0 + KVSERVE_ATTN_PART, len, mx, sum, acc);
         for (int64_t r = 0; r < rows; r++)
             if (lens[r] > p0)
                 fold_part(NV, G, tmx + r * G, tsum + r * G, tacc + r * G * head_dim, mx + r * G, sum + r * G,
@@ -494,10 +502,11 @@ static inline __attribute__((always_inline)) void attend_rows_vec16(
     }                                                                                                            \
     static void attend_rows_part_##FMT##_##NV##_##G(                                                             \
         const float *q, const int32_t *lens, int64_t rows, int64_t q_stride, const void *kc, const void *vc,     \
-        const int32_t *table, int64_t kv, int64_t row_stride, int64_t block_size, float scale, int64_t p0,       \
-        int64_t p1, int64_t prefetch_end, float *mx, float *sum, float *acc) {                                   \
-        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, kc, vc, table, kv, row_stride, block_size, scale,  \
-                         p0, p1, prefetch_end, mx, sum, acc);                                                    \
+        const int32_t *table, int64_t kv_lo, int64_t kv_hi, int64_t kv_state, int64_t row_stride,               \
+        int64_t block_size, float scale, int64_t p0, int64_t p1, int64_t prefetch_end, float *mx, float *sum,    \
+        float *acc) {                                                                                            \
+        attend_rows_part(FMT, NV, G, q, lens, rows, q_stride, kc, vc, table, kv_lo, kv_hi, kv_state, row_stride, \
+                         block_size, scale, p0, p1, prefetch_end, mx, sum, acc);                                 \
     }
 #define ATTEND_VEC16_SHAPES(FMT) \
     ATTEND_VEC16(FMT, 4, 1)      \
@@ -522,8 +531,8 @@ typedef void (*attend_fn)(const float *, const void *, const void *, const int32
 typedef void (*attend_rows_fn)(const float *, const int32_t *, int64_t, int64_t, const void *, const void *,
                                const int32_t *, float *, int64_t, int64_t, int64_t, float);
 typedef void (*attend_part_fn)(const float *, const int32_t *, int64_t, int64_t, const void *, const void *,
-                               const int32_t *, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t, float *,
-                               float *, float *);
+                               const int32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t,
+                               int64_t, float *, float *, float *);
 
 /* Index of the specialised kernels for this format, head size and group, or -1 (the scalar loops run). */
 static int vec16_shape(int fmt, int64_t head_dim, int64_t group) {
@@ -581,16 +590,18 @@ static int64_t context_runs(const int32_t *tables, int64_t table_stride, const i
     return runs;
 }
 
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /* The first position of partition `part` that a context starting at `begin` attends. */
 static inline int64_t part_start(int64_t part, int64_t begin) {
     return part * KVSERVE_ATTN_PART > begin ? part * KVSERVE_ATTN_PART : begin;
 }
 
-/* Too few (run, kv head) units to keep the threads busy (a step of one or a few requests): each
- * unit's context is cut into its partitions, one work item each, whose states go to a buffer; then
- * each (row, kv head) folds its partitions in order and writes its output. The same partitions and
- * folds as on one thread, so the same bits; no context is read twice. Returns nonzero where the
- * buffer could not be had (the caller runs the unsplit path). */
+/* Too few runs to keep the threads busy (a step of one or a few requests): each run's context is
+ * cut into its partitions, and a partition's kv heads (all of them, or one each) are a work item,
+ * whose states go to a buffer; then each (row, kv head) folds its partitions in order and writes its
+ * output. The same partitions and folds as on one thread, so the same bits; no context is read twice.
+ * Returns nonzero where the buffer could not be had (the caller runs the unsplit path). */
 static int attend_split(int shape, int kv_format, const float *query, const void *key_cache, const void *value_cache,
                         const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out, int64_t batch,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t window,
@@ -599,10 +610,11 @@ static int attend_split(int shape, int kv_format, const float *query, const void
     const int64_t group = num_heads / num_kv_heads, q_stride = num_heads * head_dim;
     const int64_t row_stride = num_kv_heads * head_dim, P = KVSERVE_ATTN_PART;
     /* run i: its positions [begin[i], end[i]) (a window starts only a one-row run), partitions first[i]
-     * on, parts[i] of them; its items from item_at[i] on (kv head-major), its states from state_at[i]
-     * on ([kv head][partition][row] of G query heads each) */
-    int64_t begin[runs], end[runs], first[runs], parts[runs], item_at[runs + 1], state_at[runs + 1];
-    item_at[0] = state_at[0] = 0;
+     * on, parts[i] of them; its states from state_at[i] on ([kv head][partition][row] of G query heads
+     * each); its items from item_at[i] on, partition-major: `heads` kv heads of one partition each,
+     * `units` items a partition */
+    int64_t begin[runs], end[runs], first[runs], parts[runs], item_at[runs + 1], state_at[runs + 1], all_parts = 0;
+    state_at[0] = 0;
     for (int64_t i = 0; i < runs; i++) {
         const int64_t rows = starts[i + 1] - starts[i];
         end[i] = 0;
@@ -610,9 +622,17 @@ static int attend_split(int shape, int kv_format, const float *query, const void
         begin[i] = rows == 1 ? first_visible(lens[starts[i]], window) : 0;
         first[i] = begin[i] / P;
         parts[i] = (end[i] - 1) / P - first[i] + 1;
-        item_at[i + 1] = item_at[i] + num_kv_heads * parts[i];
         state_at[i + 1] = state_at[i] + num_kv_heads * parts[i] * rows;
+        all_parts += parts[i];
     }
+    /* A partition with every kv head as one item reads whole cache rows, which the memory system
+     * serves faster than a kv head's slice of each (batch 1 at 1,000 tokens: 0.84x, BENCHMARKS.md
+     * section 7). It is taken where the threads' shares stay within 1/16 of the kv-head items' */
+    const int64_t T = num_threads, whole = ceil_div(all_parts, T) * num_kv_heads * 16
+                                              <= ceil_div(all_parts * num_kv_heads, T) * 17;
+    const int64_t heads = whole ? num_kv_heads : 1, units = num_kv_heads / heads;
+    item_at[0] = 0;
+    for (int64_t i = 0; i < runs; i++) item_at[i + 1] = item_at[i] + units * parts[i];
     float *buf = malloc(sizeof(float) * (size_t)(state_at[runs] * group * (2 + head_dim)));
     if (!buf) return 1;
     float *mxs = buf, *sums = mxs + state_at[runs] * group, *accs = sums + state_at[runs] * group;
@@ -623,12 +643,12 @@ static int attend_split(int shape, int kv_format, const float *query, const void
         for (int64_t item = 0; item < item_at[runs]; item++) {
             int64_t i = 0;
             while (item >= item_at[i + 1]) i++;
-            const int64_t kv = (item - item_at[i]) / parts[i], p = (item - item_at[i]) % parts[i];
+            const int64_t p = (item - item_at[i]) / units, kv = (item - item_at[i]) % units * heads;
             const int64_t b = starts[i], rows = starts[i + 1] - b, s = state_at[i] + (kv * parts[i] + p) * rows;
             const int64_t p0 = part_start(first[i] + p, begin[i]), p1 = (first[i] + p + 1) * P;
             part(query + b * q_stride, lens + b, rows, q_stride, key_cache, value_cache, tables + b * table_stride, kv,
-                 row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i], mxs + s * group, sums + s * group,
-                 accs + s * group * head_dim);
+                 kv + heads, parts[i] * rows, row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i],
+                 mxs + s * group, sums + s * group, accs + s * group * head_dim);
         }
 #pragma omp for schedule(static)
         for (int64_t pair = 0; pair < batch * num_kv_heads; pair++) {
@@ -659,8 +679,8 @@ static int attend_split(int shape, int kv_format, const float *query, const void
  * cache block is then streamed once, front to back), else (request, kv head) pairs. Consecutive
  * rows that read one context (a request verifying proposals or a prompt chunk, on the vector path)
  * are attended together, a (run of rows, kv head) pair per work item: their context is read once,
- * not once a row. With fewer such pairs than twice the threads, the vector path cuts them into
- * their contexts' partitions (attend_split). */
+ * not once a row. With fewer runs than twice the threads, the vector path cuts their contexts into
+ * partitions (attend_split). */
 int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
                          const float *values, const int32_t *tables, int64_t table_stride, const int32_t *lens,
                          float *out, int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -678,9 +698,11 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
     if (fast) {
         int64_t starts[batch + 1];
         const int64_t runs = context_runs(tables, table_stride, lens, window, batch, starts);
-        /* Fewer (run, kv head) units than twice the threads (one request's three kv heads went 2:1 over
-         * two threads, Gemma 3's one kv head left the second idle): each unit's partitions in turn. */
-        if (runs * num_kv_heads < 2 * (int64_t)num_threads &&
+        /* Fewer runs than twice the threads (one request's three kv heads went 2:1 over two threads,
+         * Gemma 3's one kv head left the second idle, and a (run, kv head) item reads a slice of every
+         * cache row, which memory serves slower than whole rows: 2 or 3 requests at 1,000 tokens
+         * 0.78-0.97x split, BENCHMARKS.md section 7): the runs' partitions in turn. */
+        if (runs < 2 * (int64_t)num_threads &&
             !attend_split(shape, kv_format, query, key_cache, value_cache, tables, table_stride, lens, out, batch,
                           num_heads, num_kv_heads, head_dim, block_size, window, scale, num_threads, starts, runs))
             return 0;
