@@ -339,6 +339,22 @@ static inline __attribute__((always_inline)) void store_rows_out(float unit, con
     }
 }
 
+/* Loads every cache line of the m consecutive slots from element `at` on, in address order, where
+ * the caller reads whole rows (span == row_bytes); nothing for a kv head's slice of each. The
+ * attention's own loads then find them in the cache. Read this way, memory serves a chunk's rows
+ * faster than in the attention's own order (a kv head's keys, its values, the next kv head's) or to
+ * prefetch instructions for the same lines: float32, batch 1 at 1,000 tokens ~0.8x, 16 requests at
+ * 320 tokens ~0.8x (BENCHMARKS.md section 7, fourteenth point). Slices touched were 1.1x slower. */
+static inline void touch_rows(const void *key_cache, const void *value_cache, int64_t bytes, int64_t at, int m,
+                              int64_t span, int64_t row_bytes) {
+    if (span != row_bytes) return;
+    const char *key_bytes = (const char *)key_cache + at * bytes, *value_bytes = (const char *)value_cache + at * bytes;
+    int32_t sink = 0;
+    for (int64_t f = 0; f < m * row_bytes; f += 64)
+        sink += *(const volatile int32_t *)(key_bytes + f) + *(const volatile int32_t *)(value_bytes + f);
+    (void)sink;
+}
+
 /* Prefetch the `span` bytes from element `at` of each cache, for the m slots from there on. */
 static inline void prefetch_rows(const void *key_cache, const void *value_cache, int64_t bytes, int64_t at, int m,
                                  int64_t row_stride, int64_t span) {
@@ -388,6 +404,7 @@ static inline __attribute__((always_inline)) void attend_vec16(
             prefetch_rows(key_cache, value_cache, bytes,
                           ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim,
                           chunk_len(t1, len, chunk_max, block_size), row_stride, span);
+        touch_rows(key_cache, value_cache, bytes, first, (int)n, span, row_stride * bytes);
         for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
             int64_t k_stride;
@@ -439,6 +456,8 @@ static inline __attribute__((always_inline)) void attend_rows_part(
                               + kv_lo * head_dim,
                           chunk_len(t1, prefetch_end, chunk_max, block_size), row_stride,
                           (kv_hi - kv_lo) * head_dim * bytes);
+        touch_rows(key_cache, value_cache, bytes, slot * row_stride + kv_lo * head_dim, (int)n,
+                   (kv_hi - kv_lo) * head_dim * bytes, row_stride * bytes);
         for (int64_t kv = kv_lo; kv < kv_hi; kv++) {
             const int64_t kv_first = slot * row_stride + kv * head_dim;
             int64_t k_stride;
@@ -590,18 +609,18 @@ static int64_t context_runs(const int32_t *tables, int64_t table_stride, const i
     return runs;
 }
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* The first position of partition `part` that a context starting at `begin` attends. */
 static inline int64_t part_start(int64_t part, int64_t begin) {
     return part * KVSERVE_ATTN_PART > begin ? part * KVSERVE_ATTN_PART : begin;
 }
 
 /* Too few runs to keep the threads busy (a step of one or a few requests): each run's context is
- * cut into its partitions, and a partition's kv heads (all of them, or one each) are a work item,
- * whose states go to a buffer; then each (row, kv head) folds its partitions in order and writes its
- * output. The same partitions and folds as on one thread, so the same bits; no context is read twice.
- * Returns nonzero where the buffer could not be had (the caller runs the unsplit path). */
+ * cut into its partitions, a work item each with every kv head, whose states go to a buffer; then
+ * each (row, kv head) folds its partitions in order and writes its output. The same partitions and
+ * folds as on one thread, so the same bits; no context is read twice. An item reads whole cache
+ * rows: (kv head, partition) items each read a slice of every row, which memory serves slower
+ * (batch 1 at 1,000 tokens 0.84x whole, BENCHMARKS.md section 7, fourteenth point). Returns nonzero
+ * where the buffer could not be had (the caller runs the unsplit path). */
 static int attend_split(int shape, int kv_format, const float *query, const void *key_cache, const void *value_cache,
                         const int32_t *tables, int64_t table_stride, const int32_t *lens, float *out, int64_t batch,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t window,
@@ -610,11 +629,10 @@ static int attend_split(int shape, int kv_format, const float *query, const void
     const int64_t group = num_heads / num_kv_heads, q_stride = num_heads * head_dim;
     const int64_t row_stride = num_kv_heads * head_dim, P = KVSERVE_ATTN_PART;
     /* run i: its positions [begin[i], end[i]) (a window starts only a one-row run), partitions first[i]
-     * on, parts[i] of them; its states from state_at[i] on ([kv head][partition][row] of G query heads
-     * each); its items from item_at[i] on, partition-major: `heads` kv heads of one partition each,
-     * `units` items a partition */
-    int64_t begin[runs], end[runs], first[runs], parts[runs], item_at[runs + 1], state_at[runs + 1], all_parts = 0;
-    state_at[0] = 0;
+     * on, parts[i] of them; its items (a partition with every kv head) from item_at[i] on; its states
+     * from state_at[i] on ([kv head][partition][row] of G query heads each) */
+    int64_t begin[runs], end[runs], first[runs], parts[runs], item_at[runs + 1], state_at[runs + 1];
+    item_at[0] = state_at[0] = 0;
     for (int64_t i = 0; i < runs; i++) {
         const int64_t rows = starts[i + 1] - starts[i];
         end[i] = 0;
@@ -622,17 +640,9 @@ static int attend_split(int shape, int kv_format, const float *query, const void
         begin[i] = rows == 1 ? first_visible(lens[starts[i]], window) : 0;
         first[i] = begin[i] / P;
         parts[i] = (end[i] - 1) / P - first[i] + 1;
+        item_at[i + 1] = item_at[i] + parts[i];
         state_at[i + 1] = state_at[i] + num_kv_heads * parts[i] * rows;
-        all_parts += parts[i];
     }
-    /* A partition with every kv head as one item reads whole cache rows, which the memory system
-     * serves faster than a kv head's slice of each (batch 1 at 1,000 tokens: 0.84x, BENCHMARKS.md
-     * section 7). It is taken where the threads' shares stay within 1/16 of the kv-head items' */
-    const int64_t T = num_threads, whole = ceil_div(all_parts, T) * num_kv_heads * 16
-                                              <= ceil_div(all_parts * num_kv_heads, T) * 17;
-    const int64_t heads = whole ? num_kv_heads : 1, units = num_kv_heads / heads;
-    item_at[0] = 0;
-    for (int64_t i = 0; i < runs; i++) item_at[i + 1] = item_at[i] + units * parts[i];
     float *buf = malloc(sizeof(float) * (size_t)(state_at[runs] * group * (2 + head_dim)));
     if (!buf) return 1;
     float *mxs = buf, *sums = mxs + state_at[runs] * group, *accs = sums + state_at[runs] * group;
@@ -643,11 +653,10 @@ static int attend_split(int shape, int kv_format, const float *query, const void
         for (int64_t item = 0; item < item_at[runs]; item++) {
             int64_t i = 0;
             while (item >= item_at[i + 1]) i++;
-            const int64_t p = (item - item_at[i]) / units, kv = (item - item_at[i]) % units * heads;
-            const int64_t b = starts[i], rows = starts[i + 1] - b, s = state_at[i] + (kv * parts[i] + p) * rows;
+            const int64_t p = item - item_at[i], b = starts[i], rows = starts[i + 1] - b, s = state_at[i] + p * rows;
             const int64_t p0 = part_start(first[i] + p, begin[i]), p1 = (first[i] + p + 1) * P;
-            part(query + b * q_stride, lens + b, rows, q_stride, key_cache, value_cache, tables + b * table_stride, kv,
-                 kv + heads, parts[i] * rows, row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i],
+            part(query + b * q_stride, lens + b, rows, q_stride, key_cache, value_cache, tables + b * table_stride, 0,
+                 num_kv_heads, parts[i] * rows, row_stride, block_size, scale, p0, p1, p1 < end[i] ? p1 : end[i],
                  mxs + s * group, sums + s * group, accs + s * group * head_dim);
         }
 #pragma omp for schedule(static)
