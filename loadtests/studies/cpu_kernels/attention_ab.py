@@ -1,12 +1,14 @@
 """A/B of the native decode attention: a git revision's kernels against the working tree's, in one process.
 
     .venv/bin/python loadtests/studies/cpu_kernels/attention_ab.py --base HEAD --batch 1 --context 1000 \
-        [--verify-rows R] [--rounds 30] [--stream-mb 2]
+        [--verify-rows R] [--prompt-rows N] [--rounds 30] [--stream-mb 2]
 
 Builds kernels/*.c as they are at `--base` and as they are now (cpu_native's compiler and flags),
 loads both libraries, and alternates them over one decode step's 30 layers of SmolLM2-135M's shapes
 (9 query heads, 3 kv heads of 64): every layer's cache blocks at random places in one float32 cache,
-as a long-running server's free list leaves them. `decode_attention_bench.py` times one build per
+as a long-running server's free list leaves them. `--prompt-rows` puts a prompt chunk of that many
+tokens (rows of lengths 1..N, over blocks of their own) before the requests, as a step that prefills
+one prompt beside the decodes attends it. `decode_attention_bench.py` times one build per
 process, whose spread from run to run on this 2-core VM (3.1-4.1 ms at batch 1 and 1,000 tokens,
 the same build) hides a 10 % change; alternated in one process over the same blocks, the medians
 move by ~1 %. `--stream-mb` reads that many MB of a 96 MB buffer before each layer's attention, as a
@@ -64,14 +66,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--verify-rows", type=int, default=1, help="query rows per request (1 + proposals)")
+    p.add_argument("--prompt-rows", type=int, default=0, help="a prompt chunk's rows (lengths 1..N) before the batch")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--stream-mb", type=float, default=0.0, help="MB read before each layer (the weights' stream)")
     args = p.parse_args()
     heads, kv_heads, head_dim, block_size, layers = 9, 3, 64, 16, 30
     rows = args.verify_rows
     gen = torch.Generator().manual_seed(0)
-    per_request = -(-(args.context + rows - 1) // block_size)
-    per_layer = args.batch * per_request
+    per_request = -(-max(args.context + rows - 1, args.prompt_rows) // block_size)
+    counts = ([args.prompt_rows] if args.prompt_rows else []) + [rows] * args.batch  # rows of each table
+    per_layer = len(counts) * per_request
     shape = (per_layer * layers, block_size, kv_heads, head_dim)
 
     def cache() -> torch.Tensor:
@@ -79,10 +83,11 @@ def main() -> None:
 
     key_cache, value_cache = cache(), cache()
     order = torch.randperm(shape[0], generator=gen).to(torch.int32)
-    tables = [order[layer * per_layer:][:per_layer].view(args.batch, per_request).repeat_interleave(rows, dim=0)
-              .contiguous() for layer in range(layers)]
-    lens = (torch.arange(rows, dtype=torch.int32) + args.context).repeat(args.batch)
-    query = torch.randn(args.batch * rows, heads, head_dim, generator=gen)
+    tables = [order[layer * per_layer:][:per_layer].view(len(counts), per_request)
+              .repeat_interleave(torch.tensor(counts), dim=0).contiguous() for layer in range(layers)]
+    lens = torch.cat([torch.arange(1, args.prompt_rows + 1, dtype=torch.int32),
+                      (torch.arange(rows, dtype=torch.int32) + args.context).repeat(args.batch)])
+    query = torch.randn(sum(counts), heads, head_dim, generator=gen)
     weights = torch.randn(96 * 2**20 // 4, generator=gen) if args.stream_mb else None
     stream_at = 0
 
@@ -118,7 +123,8 @@ def main() -> None:
                 step(lib)
                 times[name].append((time.perf_counter() - started) * 1e3)
     (base, base_ms), (new, new_ms) = times.items()
-    print(f"batch {args.batch} x {rows} rows, context {args.context}, {layers} layers, scattered blocks, "
+    prompt = f"a {args.prompt_rows}-token prompt chunk and " if args.prompt_rows else ""
+    print(f"{prompt}batch {args.batch} x {rows} rows, context {args.context}, {layers} layers, scattered blocks, "
           f"{args.stream_mb:g} MB streamed a layer, {args.rounds} alternated rounds:")
     for name, ms in times.items():
         print(f"  {name}: median {statistics.median(ms):.3f} ms, best {min(ms):.3f} ms")
