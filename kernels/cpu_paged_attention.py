@@ -19,11 +19,13 @@ every layer. Two more things matter on the CPU:
   read in place by the native decode kernel, which attends a run of rows over one context together
   (the rows of a verification step take the same path). SDPA's flash path blocks its work better
   and wins on long contexts, but below PREFILL_AS_ROWS_MAX_WORK (context length x head size) the
-  rows ran faster on a 2-core Zen 4 (one-off timing per layer of a chunk from position 0, SDPA /
-  rows in ms: head size 64 with 9 query heads over 3, 0.28 / 0.10 at 64 tokens, 1.49 / 0.98 at
-  256, 5.27 / 3.91 at 512, 8.65 / 8.92 at 768; head size 128 with 12 over 4, 0.49 / 0.26 at 64,
-  3.36 / 3.16 at 256, 13.7 / 15.0 at 512; head size 256 with 4 over 1, 0.19 / 0.14 at 64, 1.67 /
-  1.99 at 256).
+  rows ran faster on a 2-core Zen 4, since the kernel takes a chunk's runs of rows costliest first
+  (one-off timing per layer, SDPA / rows in ms, a chunk from position 0 unless it says after what):
+  head size 64 with 9 query heads over 3, 1.60 / 0.69 at 256 tokens, 6.32 / 2.59 at 512, 15.5 / 10.5
+  at 1,024, 47.1 / 41.5 at 2,048, 256 after 1,024 6.83 / 5.74; head size 128 with 12 over 4, 14.6 /
+  7.77 at 512, 36.9 / 30.2 at 1,024, 256 after 256 5.76 / 5.79, 256 after 1,024 14.1 / 16.8; head
+  size 256 with 4 over 1, 1.94 / 1.36 at 256, 6.86 / 5.35 at 512, 10.9 / 12.2 at 768, 256 after
+  256 3.87 / 3.95. The bound is where every measured case was level or better.
 
 The caches may be float32, bfloat16 or fp8 (kernels/kv_quant.py): keys and values are quantized as
 they are stored; the native kernel widens them as it loads them, the torch paths convert the rows
@@ -164,7 +166,7 @@ class _PrefillPlan:
 
 # A prompt chunk whose context length times head size is at most this attends as decode rows (see
 # the module's comment), where the native kernel runs.
-PREFILL_AS_ROWS_MAX_WORK = 512 * 64
+PREFILL_AS_ROWS_MAX_WORK = 1024 * 64
 
 
 class PagedAttentionPlan:

@@ -96,7 +96,7 @@ def test_native_plan_refuses_tables_that_would_read_outside_the_cache():
 @pytest.mark.skipif(not cpu_native.available(), reason="no C compiler: the native kernel is not built")
 def test_short_prompt_chunks_attend_as_decode_rows_and_long_ones_through_sdpa(monkeypatch):
     """A chunk whose context is short joins the decode rows in the native kernel's one call, each of
-    its positions one query over its own prefix; a long one (600 tokens of head size 64: past
+    its positions one query over its own prefix; a long one (1,100 tokens of head size 64: past
     PREFILL_AS_ROWS_MAX_WORK) takes SDPA. Both give the reference's attention."""
     native_rows, sdpa_calls = [], []
     paged_decode, sdpa = cpu_native.paged_decode, cpu_paged_attention.F.scaled_dot_product_attention
@@ -105,7 +105,7 @@ def test_short_prompt_chunks_attend_as_decode_rows_and_long_ones_through_sdpa(mo
     monkeypatch.setattr(cpu_paged_attention.F, "scaled_dot_product_attention",
                         lambda *a, **k: sdpa_calls.append(1) or sdpa(*a, **k))
     gen = torch.Generator().manual_seed(5)
-    query_lens, seq_lens = [1, 40, 1, 100, 7], [300, 60, 20, 600, 7]  # the 40 start at 20, the 7 at 0
+    query_lens, seq_lens = [1, 40, 1, 100, 7], [300, 60, 20, 1100, 7]  # the 40 start at 20, the 7 at 0
     kv = make_paged_kv(seq_lens, 3, 64, 16, torch.float32, torch.device("cpu"), gen)
     meta = _meta(kv, query_lens)
     query = torch.randn(sum(query_lens), 9, 64, generator=gen)
