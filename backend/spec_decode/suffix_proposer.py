@@ -125,13 +125,21 @@ class SuffixProposer:
         return guess if guess.score > best.score else best
 
     def _follow(self, tree: SuffixTree, node: int, limit: int) -> _Guess:
+        """The likeliest run below `node`: at each node its most frequent child (the first of equals,
+        in insertion order), while the run's probability stays above min_token_prob. One pass over
+        the children finds the best and the total: this runs for every request each step."""
         guess, prob = _Guess(), 1.0
         while len(guess.tokens) < limit:
             kids = tree.children(node)
             if not kids:
                 break
-            token, child = max(kids.items(), key=lambda kv: tree.count(kv[1]))
-            prob *= tree.count(child) / sum(tree.count(c) for c in kids.values())
+            token, child, top, total = None, None, -1, 0
+            for kid_token, kid in kids.items():
+                count = tree.count(kid)
+                total += count
+                if count > top:
+                    token, child, top = kid_token, kid, count
+            prob *= top / total
             if prob < self.min_token_prob:
                 break
             guess.tokens.append(token)
