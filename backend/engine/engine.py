@@ -182,7 +182,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._expire_timeouts()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            self.speculator.propose(self.scheduler.running, prompt_pending=self.scheduler.may_admit())
         sched = self.scheduler.schedule()
         if self.speculator is not None:  # the draft model's proposals, in the slots just allocated
             self.speculator.fill(sched, self.scheduler.requests, self._draft_shape)

@@ -77,6 +77,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def may_admit(self) -> bool:
+        """Whether the next schedule() may start a waiting request's prompt (a free sequence slot;
+        its budget and KV blocks are checked there)."""
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_request_ids=self._finished_since_last_step)
         self._finished_since_last_step = []

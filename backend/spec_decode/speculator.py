@@ -80,10 +80,11 @@ class Speculator:
         self._shadows: dict[str, tuple[int, int]] = {}
         self._skips_since_shadow = 0
 
-    def propose(self, running) -> None:
+    def propose(self, running, prompt_pending: bool = False) -> None:
         """Set `spec_token_ids` on each running request that decodes next step (one known token
         left to compute), as many as the load policy grants. A proposer fault costs only this
-        step's speculation, never a request."""
+        step's speculation, never a request. `prompt_pending`: the schedule may start a waiting
+        request's prompt this step."""
         for req in running:
             req.spec_token_ids = []
         try:
@@ -92,6 +93,14 @@ class Speculator:
             decodes = [req for req in running if req.num_tokens - req.num_computed_tokens == 1]
             if self.policy is not None:
                 self.policy.acceptance.forget({req.request_id for req in running})
+                if prompt_pending or any(req.num_tokens - req.num_computed_tokens > 1 for req in running):
+                    # A step that runs a prompt chunk costs what the prompt's rows cost, which the
+                    # policy's lines (fitted on pure-decode steps) cannot price, and its proposals
+                    # lost there: offline C=16 on fresh random prompts, ngram 1.02x of plain
+                    # decoding with them, 1.07x without (BENCHMARKS.md section 10).
+                    self.num_skipped_steps += 1
+                    self.last_grant = Grant({}, "a prompt chunk runs this step: not proposing")
+                    return
                 base = self._base_tokens(running)
                 if not self.policy.worth_proposing([r.request_id for r in decodes], base,
                                                    self.config.num_speculative_tokens):

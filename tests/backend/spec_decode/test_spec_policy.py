@@ -195,6 +195,37 @@ def test_the_speculator_skips_the_proposer_and_explores_now_and_then(monkeypatch
     assert len(calls) == 32 and speculator.num_skipped_steps == 8
 
 
+def test_a_step_that_runs_a_prompt_chunk_verifies_no_proposals():
+    """The policy's cost lines are fitted on pure-decode steps, and a step with a prompt chunk costs
+    what the prompt's rows cost: its decodes propose nothing, whether a running request still has
+    prompt tokens to compute or the schedule may start a waiting one. The next pure-decode step
+    proposes again. With the policy off, every proposal is verified, prompt or not."""
+    from types import SimpleNamespace
+
+    from kvserve.backend.spec_decode import Speculator, parse_speculative_config
+
+    def speculator_with(config: dict) -> Speculator:
+        spec = Speculator(parse_speculative_config(config), 4096, 2048)
+        spec.proposer = SimpleNamespace(sync=lambda running: None, propose=lambda req, k: [7] * k)
+        return spec
+
+    params = SimpleNamespace(max_tokens=None)
+    decoding = SimpleNamespace(request_id="d", num_tokens=100, num_computed_tokens=99, num_output_tokens=10,
+                               sampling_params=params, spec_token_ids=[])
+    prompt = SimpleNamespace(request_id="p", num_tokens=300, num_computed_tokens=0, num_output_tokens=0,
+                             sampling_params=params, spec_token_ids=[])
+    measured = speculator_with({"method": "ngram", "num_speculative_tokens": 4})
+    measured.propose([decoding, prompt])
+    assert decoding.spec_token_ids == [] and "prompt chunk" in measured.last_grant.reason
+    measured.propose([decoding], prompt_pending=True)
+    assert decoding.spec_token_ids == []
+    measured.propose([decoding])  # a pure-decode step: the cost line is still learning, so full proposals
+    assert decoding.spec_token_ids == [7] * 4
+    verify_all = speculator_with({"method": "ngram", "num_speculative_tokens": 4, "load_policy": "off"})
+    verify_all.propose([decoding, prompt], prompt_pending=True)
+    assert decoding.spec_token_ids == [7] * 4
+
+
 def test_unverified_first_proposals_are_checked_against_what_the_step_emitted():
     """A policy that grants nothing still learns acceptance: the proposer runs every
     SHADOW_EVERY_SKIPPED skipped steps and its first proposals are checked against the tokens the
