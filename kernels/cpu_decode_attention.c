@@ -588,51 +588,6 @@ ATTEND_WITH_HEAD_DIM(128)
 /* The first position a query at length len sees: its window's start, or 0. */
 static inline int64_t first_visible(int64_t len, int64_t window) { return window > 0 && len > window ? len - window : 0; }
 
-/* A work item's cost, and the item. */
-typedef struct {
-    int64_t cost, item;
-} costed_item;
-
-static int longer_first(const void *a, const void *b) {
-    const costed_item *x = a, *y = b;
-    return x->cost != y->cost ? (x->cost > y->cost ? -1 : 1) : (x->item > y->item) - (x->item < y->item);
-}
-
-/* The order in which the threads take items [0, items) as they come free: the costliest first, so
- * that what is left at the end is short. Item i is the rows of run i / per_run (rows [starts[run],
- * starts[run + 1]); starts NULL: row i / per_run alone). Its cost, in row positions: each row attends
- * its positions (from its window's start), and the run reads its longest row's from memory once, ~3
- * row positions' worth (16 single rows at 320 tokens took 2.6 us a position, the rows of a 256-token
- * prompt chunk, which find a chunk in L1 after the first row, 0.7 us: SmolLM2, scattered blocks).
- * In the rows' own order, a prompt chunk's runs come shortest first, and an even split by count left
- * one thread three quarters of a 256-token chunk's work. Which thread runs an item does not change
- * its bits. Returns NULL where no memory could be had: the items then run in their own order. */
-static int64_t *costliest_first(const int64_t *starts, const int32_t *lens, int64_t window, int64_t items,
-                                int64_t per_run) {
-    costed_item *costed = malloc(sizeof(costed_item) * (size_t)items);
-    int64_t *order = malloc(sizeof(int64_t) * (size_t)items);
-    if (!costed || !order) {
-        free(costed);
-        free(order);
-        return NULL;
-    }
-    for (int64_t i = 0; i < items; i++) {
-        const int64_t run = i / per_run;
-        const int64_t b = starts ? starts[run] : run, end = starts ? starts[run + 1] : run + 1;
-        int64_t positions = 0, longest = 0;
-        for (int64_t r = b; r < end; r++) {
-            const int64_t n = lens[r] - (end - b == 1 ? first_visible(lens[r], window) : 0);
-            positions += n;
-            longest = n > longest ? n : longest;
-        }
-        costed[i] = (costed_item){positions + 3 * longest, i};
-    }
-    qsort(costed, (size_t)items, sizeof(costed_item), longer_first);
-    for (int64_t i = 0; i < items; i++) order[i] = costed[i].item;
-    free(costed);
-    return order;
-}
-
 #if defined(KVSERVE_VEC16)
 /* Whether rows a and b read one context from position 0: the same block table (a request's verify
  * rows are copies of its table) and no window that starts either of them later. */
@@ -640,6 +595,49 @@ static int same_context(const int32_t *tables, int64_t table_stride, const int32
                         int64_t b) {
     if (first_visible(lens[a], window) || first_visible(lens[b], window)) return 0;
     return memcmp(tables + a * table_stride, tables + b * table_stride, sizeof(int32_t) * (size_t)table_stride) == 0;
+}
+
+/* A run's cost, and the run. */
+typedef struct {
+    int64_t cost, run;
+} costed_run;
+
+static int costlier_first(const void *a, const void *b) {
+    const costed_run *x = a, *y = b;
+    return x->cost != y->cost ? (x->cost > y->cost ? -1 : 1) : (x->run > y->run) - (x->run < y->run);
+}
+
+/* The order in which the threads take runs [0, runs) (run i: rows [starts[i], starts[i + 1])) as they
+ * come free: the costliest first, so that what is left at the end is short. A run's cost, in row
+ * positions: each row attends its positions (a lone row from its window's start), and the run reads
+ * its longest row's from memory once, ~3 row positions' worth (16 single rows at 320 tokens took
+ * 2.6 us a position, the rows of a 256-token prompt chunk, which find a chunk in L1 after the first
+ * row, 0.7 us: SmolLM2, scattered blocks). In the rows' own order a prompt chunk's runs come shortest
+ * first, and an even split by count left one thread three quarters of a 256-token chunk's work.
+ * Which thread runs a run does not change its bits. Returns NULL where no memory could be had: the
+ * runs then go in their own order. */
+static int64_t *costliest_first(const int64_t *starts, const int32_t *lens, int64_t window, int64_t runs) {
+    costed_run *costed = malloc(sizeof(costed_run) * (size_t)runs);
+    int64_t *order = malloc(sizeof(int64_t) * (size_t)runs);
+    if (!costed || !order) {
+        free(costed);
+        free(order);
+        return NULL;
+    }
+    for (int64_t i = 0; i < runs; i++) {
+        const int64_t b = starts[i], end = starts[i + 1];
+        int64_t positions = 0, longest = 0;
+        for (int64_t r = b; r < end; r++) {
+            const int64_t n = lens[r] - (end - b == 1 ? first_visible(lens[r], window) : 0);
+            positions += n;
+            longest = n > longest ? n : longest;
+        }
+        costed[i] = (costed_run){positions + 3 * longest, i};
+    }
+    qsort(costed, (size_t)runs, sizeof(costed_run), costlier_first);
+    for (int64_t i = 0; i < runs; i++) order[i] = costed[i].run;
+    free(costed);
+    return order;
 }
 
 /* The rows as runs of consecutive rows that read one context (at most KVSERVE_MAX_GROUP_ROWS each):
@@ -763,10 +761,13 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
             return 0;
         if (runs < batch) {
             const attend_rows_fn fast_rows = vec16_rows_kernels[shape];
-            int64_t *order = costliest_first(starts, lens, window, runs, 1);
+            int64_t *order = costliest_first(starts, lens, window, runs);
+            /* A thread takes a run's kv heads together: handed out one at a time, the two threads
+             * read slices of one context side by side (4 requests x 4 verify rows 1.19x slower). */
 #pragma omp parallel for schedule(dynamic, num_kv_heads) num_threads(num_threads)
             for (int64_t item = 0; item < runs * num_kv_heads; ++item) {
-                const int64_t run = order ? order[item / num_kv_heads] : item / num_kv_heads, kv = item % num_kv_heads;
+                const int64_t run = order ? order[item / num_kv_heads] : item / num_kv_heads;
+                const int64_t kv = item % num_kv_heads;
                 const int64_t b = starts[run], end = starts[run + 1];
                 const int32_t *table = tables + b * table_stride;
                 if (end - b > 1) {

@@ -96,8 +96,9 @@ class Speculator:
                 if prompt_pending or any(req.num_tokens - req.num_computed_tokens > 1 for req in running):
                     # A step that runs a prompt chunk costs what the prompt's rows cost, which the
                     # policy's lines (fitted on pure-decode steps) cannot price, and its proposals
-                    # lost there: offline C=16 on fresh random prompts, ngram 1.02x of plain
-                    # decoding with them, 1.07x without (BENCHMARKS.md section 10).
+                    # lost there: offline C=16 on fresh random prompts, of plain decoding, ngram
+                    # ~1.02x with them and ~1.04x without, suffix ~0.95x and ~1.01x (BENCHMARKS.md
+                    # section 10).
                     self.num_skipped_steps += 1
                     self.last_grant = Grant({}, "a prompt chunk runs this step: not proposing")
                     return
