@@ -39,13 +39,18 @@ _ARGTYPES = ([ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_vo
                                       ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
 
 
-def build(sources: Path, out: Path) -> ctypes.CDLL:
+def compile_kernels(sources: Path, out: Path) -> Path:
+    """kernels/*.c from `sources` built into the library `out`, with cpu_native's compiler and flags."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise SystemExit("no C compiler")
     files = [str(sources / path.name) for path in cpu_native._SOURCES]
     subprocess.run([compiler, *cpu_native._FLAGS, "-o", str(out), *files, "-lm"], check=True)
-    lib = ctypes.CDLL(str(out))
+    return out
+
+
+def build(sources: Path, out: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(compile_kernels(sources, out)))
     lib.kvserve_paged_decode.restype = ctypes.c_int
     lib.kvserve_paged_decode.argtypes = _ARGTYPES
     return lib

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from attention_ab import KERNELS, kernels_at
+from attention_ab import KERNELS, compile_kernels, kernels_at
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.kernels import cpu_native
@@ -28,8 +27,7 @@ from kvserve.kernels import cpu_native
 
 def configured_library(sources: Path, out: Path):
     """cpu_native's own loader (its argument types) over a library built from `sources`."""
-    subprocess.run(["cc", *cpu_native._FLAGS, "-o", str(out), *[str(sources / p.name) for p in cpu_native._SOURCES],
-                    "-lm"], check=True)
+    compile_kernels(sources, out)
     build = cpu_native._build
     cpu_native._library.cache_clear()
     cpu_native._build = lambda compiler: out
