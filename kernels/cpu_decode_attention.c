@@ -607,23 +607,17 @@ static int costlier_first(const void *a, const void *b) {
     return x->cost != y->cost ? (x->cost > y->cost ? -1 : 1) : (x->run > y->run) - (x->run < y->run);
 }
 
-/* The order in which the threads take runs [0, runs) (run i: rows [starts[i], starts[i + 1])) as they
- * come free: the costliest first, so that what is left at the end is short. A run's cost, in row
- * positions: each row attends its positions (a lone row from its window's start), and the run reads
- * its longest row's from memory once, ~3 row positions' worth (16 single rows at 320 tokens took
- * 2.6 us a position, the rows of a 256-token prompt chunk, which find a chunk in L1 after the first
- * row, 0.7 us: SmolLM2, scattered blocks). In the rows' own order a prompt chunk's runs come shortest
- * first, and an even split by count left one thread three quarters of a 256-token chunk's work.
- * Which thread runs a run does not change its bits. Returns NULL where no memory could be had: the
- * runs then go in their own order. */
-static int64_t *costliest_first(const int64_t *starts, const int32_t *lens, int64_t window, int64_t runs) {
-    costed_run *costed = malloc(sizeof(costed_run) * (size_t)runs);
-    int64_t *order = malloc(sizeof(int64_t) * (size_t)runs);
-    if (!costed || !order) {
-        free(costed);
-        free(order);
-        return NULL;
-    }
+/* Into order[0, runs): the order in which the threads take runs [0, runs) (run i: rows [starts[i],
+ * starts[i + 1])) as they come free, the costliest first, so that what is left at the end is short.
+ * A run's cost, in row positions: each row attends its positions (a lone row from its window's
+ * start), and the run reads its longest row's from memory once, ~3 row positions' worth (16 single
+ * rows at 320 tokens took 2.6 us a position, the rows of a 256-token prompt chunk, which find a chunk
+ * in L1 after the first row, 0.7 us: SmolLM2, scattered blocks). In the rows' own order a prompt
+ * chunk's runs come shortest first, and an even split by count left one thread three quarters of a
+ * 256-token chunk's work. Which thread runs a run does not change its bits. */
+static void costliest_first(const int64_t *starts, const int32_t *lens, int64_t window, int64_t runs,
+                            int64_t *order) {
+    costed_run costed[runs];
     for (int64_t i = 0; i < runs; i++) {
         const int64_t b = starts[i], end = starts[i + 1];
         int64_t positions = 0, longest = 0;
@@ -636,8 +630,6 @@ static int64_t *costliest_first(const int64_t *starts, const int32_t *lens, int6
     }
     qsort(costed, (size_t)runs, sizeof(costed_run), costlier_first);
     for (int64_t i = 0; i < runs; i++) order[i] = costed[i].run;
-    free(costed);
-    return order;
 }
 
 /* The rows as runs of consecutive rows that read one context (at most KVSERVE_MAX_GROUP_ROWS each):
@@ -761,12 +753,13 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
             return 0;
         if (runs < batch) {
             const attend_rows_fn fast_rows = vec16_rows_kernels[shape];
-            int64_t *order = costliest_first(starts, lens, window, runs);
+            int64_t order[runs];
+            costliest_first(starts, lens, window, runs, order);
             /* A thread takes a run's kv heads together: handed out one at a time, the two threads
              * read slices of one context side by side (4 requests x 4 verify rows 1.19x slower). */
 #pragma omp parallel for schedule(dynamic, num_kv_heads) num_threads(num_threads)
             for (int64_t item = 0; item < runs * num_kv_heads; ++item) {
-                const int64_t run = order ? order[item / num_kv_heads] : item / num_kv_heads;
+                const int64_t run = order[item / num_kv_heads];
                 const int64_t kv = item % num_kv_heads;
                 const int64_t b = starts[run], end = starts[run + 1];
                 const int32_t *table = tables + b * table_stride;
@@ -779,7 +772,6 @@ int kvserve_paged_decode(const float *query, const void *key_cache, const void *
                          kv + 1, row_stride, block_size, scale);
                 }
             }
-            free(order);
             return 0;
         }
     }
