@@ -29,8 +29,8 @@ def _count_decisions(llm: LLM, decisions: collections.Counter) -> None:
     spec = llm.engine.speculator
     propose = spec.propose
 
-    def counted(running):
-        propose(running)
+    def counted(running, **kwargs):
+        propose(running, **kwargs)
         if any(req.num_tokens - req.num_computed_tokens == 1 for req in running):
             granted = sum(spec.last_grant.num_tokens.values())
             decisions[f"{spec.last_grant.reason} (granted {granted})"] += 1

