@@ -10,8 +10,9 @@ interleave them (A, B, then B, A, ...), so a loaded machine slows both alike. Ea
 fresh prompts (the dataset's seed is the round's), the same ones to every server, so no prefix
 cache hit helps one side. Requests go through kvserve bench (bench_once: exact prompt lengths from
 the server's tokenizer, a warm-up first). Reported per dtype: mean TPOT (the issue's figure), median
-ITL (a decode step with no prompt chunk beside it), TTFT and output throughput, and each as a ratio
-of the first dtype's; preemptions from the server's counter.
+ITL (a decode step with no prompt chunk beside it), TTFT and output throughput, each as a ratio of
+the first dtype's (of the medians over rounds, and round by round); preemptions from the server's
+counter.
 One-off measurement, not installed.
 """
 from __future__ import annotations
@@ -65,12 +66,15 @@ async def _rounds(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, l
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
-    """Each dtype's figures (the median over rounds) and their ratios to the first dtype's."""
+    """Each dtype's figures (the median over rounds), their ratios to the first dtype's, and the
+    ratios round by round (a round's two runs were measured side by side: the pairs to read when one
+    round of one side was slowed by the machine)."""
     base = next(iter(runs))
     medians = {dtype: {k: statistics.median(r[k] for r in rows) for k in _FIGURES} for dtype, rows in runs.items()}
     return {dtype: {**medians[dtype], **{f"{k}_vs_{base}": medians[dtype][k] / medians[base][k] for k in _FIGURES},
-                    "rounds": runs[dtype]}
-            for dtype in runs}
+                    **{f"{k}_vs_{base}_by_round": [r[k] / b[k] for r, b in zip(rows, runs[base])] for k in _FIGURES},
+                    "rounds": rows}
+            for dtype, rows in runs.items()}
 
 
 def main() -> None:
@@ -109,6 +113,8 @@ def main() -> None:
     for dtype, s in result.items():
         print(f"{dtype:10s} " + "  ".join(f"{k} {s[k]:.1f} ({s[f'{k}_vs_{dtypes[0]}']:.3f}x)" for k in _FIGURES)
               + f"  preemptions {s['preemptions']:.0f}")
+        for k in ("mean_tpot_ms", "median_itl_ms"):
+            print(f"{'':10s} {k} by round: " + ", ".join(f"{x:.3f}x" for x in s[f"{k}_vs_{dtypes[0]}_by_round"]))
     if args.json:
         args.json.write_text(json.dumps({"config": vars(args) | {"log_dir": str(args.log_dir),
                                                                "json": str(args.json)},
