@@ -2,7 +2,7 @@
 the first one given, on #30's long-context workload (prompts of 3,000-6,000 tokens, 128 out,
 concurrency 8).
 
-    python -m kvserve.loadtests.studies.kv_dtype_served --model GGUF_OR_FOLDER \
+    python -m kvserve.loadtests.studies.serving.kv_dtype_served --model GGUF_OR_FOLDER \
         [--kv-cache-dtypes float32,fp8] [--rounds 2] [--json FILE]
 
 One `kvserve serve` per dtype runs at once, each with the same --kv-cache-memory; the rounds
