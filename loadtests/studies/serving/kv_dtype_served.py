@@ -20,31 +20,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
-import urllib.request
 from pathlib import Path
 
 from kvserve.loadtests.bench.bench_once import bench_once
-from kvserve.loadtests.compare.peers.peer_commands import Command
+from kvserve.loadtests.bench.server_api import metric_sums
+from kvserve.loadtests.compare.peers.peer_commands import Command, Settings, kvserve_server
 from kvserve.loadtests.compare.peers.peer_run import ServerProcess, free_port
 
 _SERVED_NAME = "kv-dtype-served"
 _FIGURES = ("mean_tpot_ms", "median_itl_ms", "mean_ttft_ms", "output_throughput")
 
 
+_PREEMPTIONS = "kvserve:num_preemptions_total"
+
+
 def _server(args: argparse.Namespace, dtype: str, port: int) -> Command:
-    kvserve = str(Path(sys.executable).parent / "kvserve")
-    return Command([kvserve, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
-                    "--served-model-name", _SERVED_NAME, "--kv-cache-dtype", dtype,
-                    "--kv-cache-memory", args.kv_cache_memory, "--max-model-len", str(args.max_model_len)])
-
-
-def _preemptions(url: str) -> float:
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    m = re.search(r"^(?:vllm|kvserve):num_preemptions_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else float("nan")
+    """The peer harness's kvserve command (its KV budget and float32), with this dtype and length."""
+    settings = Settings(hf_model=Path(args.model), gguf_model=None, served_name=_SERVED_NAME,
+                        vllm_kvcache_gib=args.kv_cache_gib,
+                        kvserve_args=("--kv-cache-dtype", dtype, "--max-model-len", str(args.max_model_len)))
+    return kvserve_server(settings, port, str(Path(sys.executable).parent / "kvserve"))
 
 
 def _bench_argv(args: argparse.Namespace, seed: int) -> list[str]:
@@ -81,7 +78,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--kv-cache-dtypes", default="float32,fp8", help="comma-separated; the first is the baseline")
-    p.add_argument("--kv-cache-memory", default="4GiB")
+    p.add_argument("--kv-cache-gib", type=int, default=4, help="--kv-cache-memory of every server, in GiB")
     p.add_argument("--max-model-len", type=int, default=6400)
     p.add_argument("--input-len", type=int, default=4500)
     p.add_argument("--range-ratio", type=float, default=1 / 3, help="prompt lengths uniform in len*(1 -+ r)")
@@ -106,7 +103,8 @@ def main() -> None:
         runs = asyncio.run(_rounds(args, urls))
         result = summarize(runs)
         for dtype, url in urls.items():
-            result[dtype]["preemptions"] = _preemptions(url)
+            counters = metric_sums(f"{url}/metrics", (_PREEMPTIONS,))
+            result[dtype]["preemptions"] = counters.get(_PREEMPTIONS, float("nan"))
     finally:
         for server in servers.values():
             server.stop()
