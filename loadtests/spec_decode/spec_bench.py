@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from kvserve.loadtests.bench.client import EndpointConfig
 from kvserve.loadtests.bench.datasets import RandomDataset
 from kvserve.loadtests.bench.prompt_builder import WordPromptBuilder
 from kvserve.loadtests.bench.runner import LoadConfig, run_load
+from kvserve.loadtests.bench.server_api import metric_sums
 from kvserve.loadtests.compare.peers.peer_run import peer_arg
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -120,18 +120,13 @@ def wait_ready(port: int, timeout: float = 600.0) -> None:
 
 def spec_counters(url: str) -> tuple[float, float]:
     """Draft and accepted tokens so far, by kvserve's names or vLLM's (0, 0 for a server with neither)."""
+    names = ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
     try:
-        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        sums = metric_sums(f"{url}/metrics", [prefix + name for prefix in ("kvserve:", "vllm:") for name in names])
     except OSError:  # llama-server answers /metrics only with --metrics
         return 0.0, 0.0
-
-    def value(name: str) -> float:
-        for prefix in ("kvserve:", "vllm:"):
-            m = re.search(rf"^{re.escape(prefix + name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-            if m:
-                return float(m.group(1))
-        return 0.0
-    return value("spec_decode_num_draft_tokens_total"), value("spec_decode_num_accepted_tokens_total")
+    drafts, accepted = (sums.get(f"kvserve:{name}", sums.get(f"vllm:{name}", 0.0)) for name in names)
+    return drafts, accepted
 
 
 async def one_run(url: str, requests: list[BenchRequest], endpoint_type: str, concurrency: int,
