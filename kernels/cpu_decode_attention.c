@@ -257,10 +257,22 @@ static inline __attribute__((always_inline)) void fold_part(const int NV, int64_
  * from element v_first of value_cache on, token t's row_stride elements after token t - 1's. Every
  * (query head, token) takes the same operations in the same order whatever else the caller
  * attends, so a query's output has the same bits alone or beside others. */
+/* Bytes [lo, hi) of each of the first n rows of the next chunk's K and V (rows row_bytes apart),
+ * which attend_chunk asks for into L2 a token at a time while it sums this chunk's values. Asked for
+ * all at once before the chunk, as the partition path still does, they overlapped nothing measurable
+ * (BENCHMARKS.md section 7, fourteenth point); spread through the arithmetic, a 16-request step's
+ * attention ran ~0.89x and the offline C=16 workload ~1.03x (seventeenth point). key == NULL: none. */
+typedef struct {
+    const char *key, *value;
+    int64_t row_bytes;
+    int n, lo, hi;
+} next_rows;
+static const next_rows NO_NEXT_ROWS = {0, 0, 0, 0, 0, 0};
+
 static inline __attribute__((always_inline)) void attend_chunk(
     const int FMT, const int NV, const int G, const float *restrict q, const float *restrict kf, int64_t k_stride,
     const void *value_cache, int64_t v_first, int64_t row_stride, int n, v16 score_scale, float *restrict mx,
-    float *restrict sum, float *restrict acc) {
+    float *restrict sum, float *restrict acc, next_rows next) {
     const int64_t head_dim = NV * 16;
     float p[4][16];
     /* [G][NV]: G <= 4, NV <= 16. At NV 16 (head size 256, Gemma 3's) the G x 16 accumulators
@@ -297,6 +309,11 @@ static inline __attribute__((always_inline)) void attend_chunk(
         for (int j = 0; j < NV; j++) a[i][j] = v16_mul(v16_load(acc + i * head_dim + j * 16), c);
     }
     for (int t = 0; t < n; t++) {
+        if (next.key && t < next.n)
+            for (int f = next.lo; f < next.hi; f += 64) { /* a cache line at a time; never faults */
+                _mm_prefetch(next.key + t * next.row_bytes + f, _MM_HINT_T1);
+                _mm_prefetch(next.value + t * next.row_bytes + f, _MM_HINT_T1);
+            }
         v16 vv[16];
         /* a token's values loaded once for the G heads, where they and the accumulators fit the registers */
         for (int j = 0; j < NV; j++) {
@@ -369,7 +386,8 @@ static inline void prefetch_rows(const void *key_cache, const void *value_cache,
 
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
- * all those kv heads, while the next chunk's are prefetched. One kv head's G query heads keep their
+ * all those kv heads, while the next chunk's are asked for through the arithmetic (next_rows). One
+ * kv head's G query heads keep their
  * accumulators in registers through the chunk. Each partition (KVSERVE_ATTN_PART) starts from a
  * fresh state and is folded into the total at its end. */
 static inline __attribute__((always_inline)) void attend_vec16(
@@ -401,17 +419,24 @@ static inline __attribute__((always_inline)) void attend_vec16(
         const int64_t first =
             ((int64_t)table[t0 / block_size] * block_size + t0 % block_size) * row_stride + kv_lo * head_dim;
         const int64_t t1 = t0 + n;
-        if (t1 < len) /* the next chunk's rows, while these are used */
-            prefetch_rows(key_cache, value_cache, bytes,
-                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim,
-                          chunk_len(t1, len, chunk_max, block_size), row_stride, span);
         touch_rows(key_cache, value_cache, bytes, first, (int)n, span, row_stride * bytes);
-        for (int64_t kv = 0; kv < kv_hi - kv_lo; kv++) {
+        /* The next chunk's rows are asked for through this chunk's kv heads, each its share of a row's lines. */
+        next_rows next = NO_NEXT_ROWS;
+        if (t1 < len) {
+            const int64_t at =
+                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
+            next = (next_rows){(const char *)key_cache + at * bytes, (const char *)value_cache + at * bytes,
+                               row_stride * bytes, chunk_len(t1, len, chunk_max, block_size), 0, 0};
+        }
+        const int64_t kv_heads = kv_hi - kv_lo, lines = (span + 63) / 64;
+        for (int64_t kv = 0; kv < kv_heads; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
             int64_t k_stride;
             const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
+            next.lo = (int)(lines * kv / kv_heads * 64);
+            next.hi = (int)(lines * (kv + 1) / kv_heads * 64);
             attend_chunk(FMT, NV, G, qh + kv * G * head_dim, kf, k_stride, value_cache, kv_first, row_stride, (int)n,
-                         score_scale, mx + kv * G, sum + kv * G, acc + kv * G * head_dim);
+                         score_scale, mx + kv * G, sum + kv * G, acc + kv * G * head_dim, next);
         }
     }
     if (len > begin) fold_part(NV, heads, tmx, tsum, tacc, mx, sum, acc);
@@ -469,7 +494,8 @@ static inline __attribute__((always_inline)) void attend_rows_part(
                 const int64_t s = (kv - kv_lo) * kv_state + r;
                 if (m > 0)
                     attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
-                                 row_stride, (int)m, score_scale, mx + s * G, sum + s * G, acc + s * G * head_dim);
+                                 row_stride, (int)m, score_scale, mx + s * G, sum + s * G, acc + s * G * head_dim,
+                                 NO_NEXT_ROWS);
             }
         }
     }
