@@ -259,7 +259,7 @@ static inline __attribute__((always_inline)) void fold_part(const int NV, int64_
  * attends, so a query's output has the same bits alone or beside others. */
 /* Bytes [lo, hi) of each of the first n rows of the next chunk's K and V (rows row_bytes apart),
  * which attend_chunk asks for into L2 a token at a time while it sums this chunk's values. Asked for
- * all at once before the chunk, as the partition path still does, they overlapped nothing measurable
+ * all at once before the chunk, as before, they overlapped nothing measurable
  * (BENCHMARKS.md section 7, fourteenth point); spread through the arithmetic, a 16-request step's
  * attention ran ~0.89x and the offline C=16 workload ~1.03x (seventeenth point). key == NULL: none. */
 typedef struct {
@@ -373,17 +373,6 @@ static inline void touch_rows(const void *key_cache, const void *value_cache, in
     (void)sink;
 }
 
-/* Prefetch the `span` bytes from element `at` of each cache, for the m slots from there on. */
-static inline void prefetch_rows(const void *key_cache, const void *value_cache, int64_t bytes, int64_t at, int m,
-                                 int64_t row_stride, int64_t span) {
-    const char *key_bytes = (const char *)key_cache, *value_bytes = (const char *)value_cache;
-    for (int t = 0; t < m; t++)
-        for (int64_t f = 0; f < span; f += 64) { /* a cache line at a time */
-            _mm_prefetch(key_bytes + (at + t * row_stride) * bytes + f, _MM_HINT_T0);
-            _mm_prefetch(value_bytes + (at + t * row_stride) * bytes + f, _MM_HINT_T0);
-        }
-}
-
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are asked for through the arithmetic (next_rows). One
@@ -475,19 +464,25 @@ static inline __attribute__((always_inline)) void attend_rows_part(
     for (int64_t t0 = p0, n; t0 < len; t0 += n) {
         n = chunk_len(t0, len, chunk_max, block_size);
         const int64_t slot = (int64_t)table[t0 / block_size] * block_size + t0 % block_size;
-        const int64_t t1 = t0 + n;
-        if (t1 < prefetch_end)
-            prefetch_rows(key_cache, value_cache, bytes,
-                          ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride
-                              + kv_lo * head_dim,
-                          chunk_len(t1, prefetch_end, chunk_max, block_size), row_stride,
-                          (kv_hi - kv_lo) * head_dim * bytes);
-        touch_rows(key_cache, value_cache, bytes, slot * row_stride + kv_lo * head_dim, (int)n,
-                   (kv_hi - kv_lo) * head_dim * bytes, row_stride * bytes);
+        const int64_t t1 = t0 + n, span = (kv_hi - kv_lo) * head_dim * bytes;
+        touch_rows(key_cache, value_cache, bytes, slot * row_stride + kv_lo * head_dim, (int)n, span,
+                   row_stride * bytes);
+        /* The next chunk's rows (up to prefetch_end) are asked for through the last row's arithmetic,
+         * the longest in a verification's or a prompt chunk's rows, each kv head its share of the lines. */
+        next_rows next = NO_NEXT_ROWS;
+        if (t1 < prefetch_end) {
+            const int64_t at =
+                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
+            next = (next_rows){(const char *)key_cache + at * bytes, (const char *)value_cache + at * bytes,
+                               row_stride * bytes, chunk_len(t1, prefetch_end, chunk_max, block_size), 0, 0};
+        }
+        const int64_t kv_heads = kv_hi - kv_lo, lines = (span + 63) / 64;
         for (int64_t kv = kv_lo; kv < kv_hi; kv++) {
             const int64_t kv_first = slot * row_stride + kv * head_dim;
             int64_t k_stride;
             const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
+            next.lo = (int)(lines * (kv - kv_lo) / kv_heads * 64);
+            next.hi = (int)(lines * (kv - kv_lo + 1) / kv_heads * 64);
             for (int64_t r = 0; r < rows; r++) {
                 /* a row's chunks are attend_vec16's for its own length: this one, cut at its end */
                 const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
@@ -495,7 +490,7 @@ static inline __attribute__((always_inline)) void attend_rows_part(
                 if (m > 0)
                     attend_chunk(FMT, NV, G, q + r * q_stride + kv * G * head_dim, kf, k_stride, value_cache, kv_first,
                                  row_stride, (int)m, score_scale, mx + s * G, sum + s * G, acc + s * G * head_dim,
-                                 NO_NEXT_ROWS);
+                                 r == rows - 1 ? next : NO_NEXT_ROWS);
             }
         }
     }
