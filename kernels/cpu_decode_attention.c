@@ -269,6 +269,22 @@ typedef struct {
 } next_rows;
 static const next_rows NO_NEXT_ROWS = {0, 0, 0, 0, 0, 0};
 
+/* The rows of the chunk at position t1 (up to position `end`) from kv head kv_lo on, or none at end. */
+static inline next_rows next_chunk_rows(const void *key_cache, const void *value_cache, int64_t bytes,
+                                        const int32_t *table, int64_t block_size, int64_t row_stride, int64_t first_col,
+                                        int64_t t1, int64_t end, int64_t chunk_max) {
+    if (t1 >= end) return NO_NEXT_ROWS;
+    const int64_t at = ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + first_col;
+    return (next_rows){(const char *)key_cache + at * bytes, (const char *)value_cache + at * bytes, row_stride * bytes,
+                       chunk_len(t1, end, chunk_max, block_size), 0, 0};
+}
+
+/* Kv head j of `heads` asks for its share of the `lines` cache lines of each row. */
+static inline void share_lines(next_rows *next, int64_t lines, int64_t j, int64_t heads) {
+    next->lo = (int)(lines * j / heads * 64);
+    next->hi = (int)(lines * (j + 1) / heads * 64);
+}
+
 static inline __attribute__((always_inline)) void attend_chunk(
     const int FMT, const int NV, const int G, const float *restrict q, const float *restrict kf, int64_t k_stride,
     const void *value_cache, int64_t v_first, int64_t row_stride, int n, v16 score_scale, float *restrict mx,
@@ -410,20 +426,14 @@ static inline __attribute__((always_inline)) void attend_vec16(
         const int64_t t1 = t0 + n;
         touch_rows(key_cache, value_cache, bytes, first, (int)n, span, row_stride * bytes);
         /* The next chunk's rows are asked for through this chunk's kv heads, each its share of a row's lines. */
-        next_rows next = NO_NEXT_ROWS;
-        if (t1 < len) {
-            const int64_t at =
-                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
-            next = (next_rows){(const char *)key_cache + at * bytes, (const char *)value_cache + at * bytes,
-                               row_stride * bytes, chunk_len(t1, len, chunk_max, block_size), 0, 0};
-        }
+        next_rows next = next_chunk_rows(key_cache, value_cache, bytes, table, block_size, row_stride,
+                                         kv_lo * head_dim, t1, len, chunk_max);
         const int64_t kv_heads = kv_hi - kv_lo, lines = (span + 63) / 64;
         for (int64_t kv = 0; kv < kv_heads; kv++) {
             const int64_t kv_first = first + kv * head_dim; /* this kv head's row in the chunk's first slot */
             int64_t k_stride;
             const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
-            next.lo = (int)(lines * kv / kv_heads * 64);
-            next.hi = (int)(lines * (kv + 1) / kv_heads * 64);
+            share_lines(&next, lines, kv, kv_heads);
             attend_chunk(FMT, NV, G, qh + kv * G * head_dim, kf, k_stride, value_cache, kv_first, row_stride, (int)n,
                          score_scale, mx + kv * G, sum + kv * G, acc + kv * G * head_dim, next);
         }
@@ -469,20 +479,14 @@ static inline __attribute__((always_inline)) void attend_rows_part(
                    row_stride * bytes);
         /* The next chunk's rows (up to prefetch_end) are asked for through the last row's arithmetic,
          * the longest in a verification's or a prompt chunk's rows, each kv head its share of the lines. */
-        next_rows next = NO_NEXT_ROWS;
-        if (t1 < prefetch_end) {
-            const int64_t at =
-                ((int64_t)table[t1 / block_size] * block_size + t1 % block_size) * row_stride + kv_lo * head_dim;
-            next = (next_rows){(const char *)key_cache + at * bytes, (const char *)value_cache + at * bytes,
-                               row_stride * bytes, chunk_len(t1, prefetch_end, chunk_max, block_size), 0, 0};
-        }
+        next_rows next = next_chunk_rows(key_cache, value_cache, bytes, table, block_size, row_stride,
+                                         kv_lo * head_dim, t1, prefetch_end, chunk_max);
         const int64_t kv_heads = kv_hi - kv_lo, lines = (span + 63) / 64;
         for (int64_t kv = kv_lo; kv < kv_hi; kv++) {
             const int64_t kv_first = slot * row_stride + kv * head_dim;
             int64_t k_stride;
             const float *kf = chunk_keys(FMT, NV, key_cache, kv_first, row_stride, (int)n, kbuf, &k_stride);
-            next.lo = (int)(lines * (kv - kv_lo) / kv_heads * 64);
-            next.hi = (int)(lines * (kv - kv_lo + 1) / kv_heads * 64);
+            share_lines(&next, lines, kv - kv_lo, kv_heads);
             for (int64_t r = 0; r < rows; r++) {
                 /* a row's chunks are attend_vec16's for its own length: this one, cut at its end */
                 const int64_t m = lens[r] - t0 < n ? lens[r] - t0 : n;
