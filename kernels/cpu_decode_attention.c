@@ -251,17 +251,12 @@ static inline __attribute__((always_inline)) void fold_part(const int NV, int64_
     }
 }
 
-/* One chunk of n tokens into the running softmax of one kv head's G query heads (NV vectors of 16
- * per head row): their queries at q, their state mx[G], sum[G] and acc[G * NV * 16]. The chunk's
- * keys are float32 (in load16's unit) at kf, token t's at kf + t * k_stride; its values are read
- * from element v_first of value_cache on, token t's row_stride elements after token t - 1's. Every
- * (query head, token) takes the same operations in the same order whatever else the caller
- * attends, so a query's output has the same bits alone or beside others. */
 /* Bytes [lo, hi) of each of the first n rows of the next chunk's K and V (rows row_bytes apart),
  * which attend_chunk asks for into L2 a token at a time while it sums this chunk's values. Asked for
- * all at once before the chunk, as before, they overlapped nothing measurable
- * (BENCHMARKS.md section 7, fourteenth point); spread through the arithmetic, a 16-request step's
- * attention ran ~0.89x and the offline C=16 workload ~1.03x (seventeenth point). key == NULL: none. */
+ * all at once before the chunk, as before, they overlapped nothing measurable (BENCHMARKS.md
+ * section 7, fourteenth and seventeenth points); spread through the arithmetic, a 16-request step's
+ * attention ran 0.785x and a batch-1 step's at 1,000 tokens 0.943x (weights streamed between layers
+ * included), with the same bits, and the offline C=16 workload 1.024x. key == NULL: none. */
 typedef struct {
     const char *key, *value;
     int64_t row_bytes;
@@ -285,6 +280,13 @@ static inline void share_lines(next_rows *next, int64_t lines, int64_t j, int64_
     next->hi = (int)(lines * (j + 1) / heads * 64);
 }
 
+/* One chunk of n tokens into the running softmax of one kv head's G query heads (NV vectors of 16
+ * per head row): their queries at q, their state mx[G], sum[G] and acc[G * NV * 16]. The chunk's
+ * keys are float32 (in load16's unit) at kf, token t's at kf + t * k_stride; its values are read
+ * from element v_first of value_cache on, token t's row_stride elements after token t - 1's. Every
+ * (query head, token) takes the same operations in the same order whatever else the caller
+ * attends, so a query's output has the same bits alone or beside others. While it sums the values
+ * it asks for `next`'s rows (nothing it reads). */
 static inline __attribute__((always_inline)) void attend_chunk(
     const int FMT, const int NV, const int G, const float *restrict q, const float *restrict kf, int64_t k_stride,
     const void *value_cache, int64_t v_first, int64_t row_stride, int n, v16 score_scale, float *restrict mx,
@@ -392,8 +394,7 @@ static inline void touch_rows(const void *key_cache, const void *value_cache, in
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are asked for through the arithmetic (next_rows). One
- * kv head's G query heads keep their
- * accumulators in registers through the chunk. Each partition (KVSERVE_ATTN_PART) starts from a
+ * kv head's G query heads keep their accumulators in registers through the chunk. Each partition (KVSERVE_ATTN_PART) starts from a
  * fresh state and is folded into the total at its end. */
 static inline __attribute__((always_inline)) void attend_vec16(
     const int FMT, const int NV, const int G, const float *restrict q, const void *key_cache,
