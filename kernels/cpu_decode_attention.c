@@ -394,8 +394,8 @@ static inline void touch_rows(const void *key_cache, const void *value_cache, in
 /* Query heads [kv_lo * G, kv_hi * G) of one request (NV vectors of 16 per head row) against its
  * positions [begin, len), 16 tokens at a time: each chunk's rows are read once, front to back, for
  * all those kv heads, while the next chunk's are asked for through the arithmetic (next_rows). One
- * kv head's G query heads keep their accumulators in registers through the chunk. Each partition (KVSERVE_ATTN_PART) starts from a
- * fresh state and is folded into the total at its end. */
+ * kv head's G query heads keep their accumulators in registers through the chunk. Each partition
+ * (KVSERVE_ATTN_PART) starts from a fresh state and is folded into the total at its end. */
 static inline __attribute__((always_inline)) void attend_vec16(
     const int FMT, const int NV, const int G, const float *restrict q, const void *key_cache,
     const void *value_cache, const int32_t *restrict table, int64_t begin, int64_t len, float *restrict o,

@@ -12,9 +12,9 @@ the suffix proposer beside two oracles that know each request's greedy output in
   and the time per token is what verification rows cost on this machine (a perfect, free draft).
 
 Every request is fresh: each has a cache_salt of its own, so the suffix proposer never proposes
-another request's output. Every side runs the same greedy requests on its own engine (the oracles through the suffix
-method's config with `load_policy: "off"`, so every proposal is verified), prompts in turn, the
-side order reversed each round. A request's decode time is measured from its first output token to
+another request's output. Every side runs the same greedy requests on its own engine (the oracles
+through the suffix method's config with `load_policy: "off"`, so every proposal is verified),
+prompts in turn, the side order reversed each round. A request's decode time is measured from its first output token to
 its last (prefill excluded, as a served TPOT is), and every side's tokens are checked against the
 plain engine's: verification is exact, so they must be identical. Prints ms per output token per
 side and prompt, the ratios to plain decoding, and the output tokens per step. One-off measurement,
@@ -65,7 +65,7 @@ class OracleProposer:
         coming = self.expected[req.request_id][done:done + k]
         if not self.copy_only:
             return coming
-        return longest_copied_run(list(req.prompt_token_ids) + list(req.output_token_ids), coming, k)
+        return longest_copied_run(req.all_token_ids, coming, k)
 
 
 def run_request(llm: LLM, request_id: str, prompt_ids: list[int], params: SamplingParams):
@@ -139,16 +139,19 @@ def main() -> None:
                 sums[side][i][1] += len(tokens) - 1
                 sums[side][i][2] += steps
     report = {"output_tokens": [len(r) for r in reference], "mismatches": mismatches, "sides": {}}
-    plain = sums["none"]
+    def ms_per_token(runs) -> float:  # runs: [seconds, decode tokens, steps] rows, summed
+        return 1000 * sum(s for s, _, _ in runs) / max(sum(n for _, n, _ in runs), 1)
+
+    plain_ms = ms_per_token(sums["none"])
+    plain_by_prompt = [ms_per_token([row]) for row in sums["none"]]
     for side in sides:
-        per_prompt = [1000 * s / max(n, 1) for s, n, _ in sums[side]]
-        total_ms = 1000 * sum(s for s, _, _ in sums[side]) / max(sum(n for _, n, _ in sums[side]), 1)
-        plain_ms = 1000 * sum(s for s, _, _ in plain) / max(sum(n for _, n, _ in plain), 1)
+        per_prompt = [ms_per_token([row]) for row in sums[side]]
+        total_ms = ms_per_token(sums[side])
         per_step = [n / max(steps, 1) for _, n, steps in sums[side]]
         report["sides"][side] = {
             "ms_per_token": round(total_ms, 3), "ratio_to_none": round(total_ms / plain_ms, 3),
             "ms_per_token_by_prompt": [round(x, 3) for x in per_prompt],
-            "ratio_by_prompt": [round(x / (1000 * s / max(n, 1)), 3) for x, (s, n, _) in zip(per_prompt, plain)],
+            "ratio_by_prompt": [round(x / p, 3) for x, p in zip(per_prompt, plain_by_prompt)],
             "tokens_per_step_by_prompt": [round(x, 2) for x in per_step]}
         r = report["sides"][side]
         print(f"{side:14s} {total_ms:6.2f} ms/token ({r['ratio_to_none']:.3f}x none); by prompt "
