@@ -11,7 +11,7 @@ callers keep their torch path.
   fp8 caches, widened as they are loaded);
 - cpu_elementwise.c: RMSNorm (with its residual add), SiLU-and-mul and the
   rotary embedding in one pass each;
-- cpu_sampling.c: one token per row of filtered logits by inverting its CDF;
+- cpu_sampling.c: one token per row of filtered logits by inverting its CDF, and the greedy token of each row;
 - cpu_linear.c: linear layers over float32 weights or int8/int4 codes packed once;
 - cpu_grid_linear.c: few-row linear layers over float32 weights kept as the codes of
   their block grid (backend/models/grid_weights.py);
@@ -111,6 +111,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_rotary_f32.restype = None
     lib.kvserve_sample_rows_f32.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
     lib.kvserve_sample_rows_f32.restype = ctypes.c_int
+    lib.kvserve_argmax_rows_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
+    lib.kvserve_argmax_rows_f32.restype = None
     lib.kvserve_pack_linear_f32.argtypes = [p, i64, i64, p]
     lib.kvserve_pack_linear_f32.restype = None
     lib.kvserve_linear_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
@@ -322,6 +324,19 @@ def sample_rows(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | 
     if lib.kvserve_sample_rows_f32(logits.data_ptr(), logits.stride(0), rows, vocab, uniforms.data_ptr(),
                                    out.data_ptr(), _threads(rows * vocab)):
         return None
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor | None:
+    """`logits.argmax(dim=-1)` for float32 CPU rows [B, V] (unit column stride): the first index of
+    each row's largest value (of its first NaN, if any), int64 [B]. None where it does not apply."""
+    lib = _library()
+    if lib is None or not _rows_ok(logits):
+        return None
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    lib.kvserve_argmax_rows_f32(logits.data_ptr(), logits.stride(0), rows, vocab, out.data_ptr(),
+                                _threads(rows * vocab))
     return out
 
 

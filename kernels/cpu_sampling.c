@@ -15,6 +15,10 @@
 
 #include "cpu_exp.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #define KVSERVE_SAMPLE_CHUNK 512
 #define KVSERVE_SAMPLE_MAX_CHUNKS 1024
 
@@ -76,4 +80,52 @@ int kvserve_sample_rows_f32(const float *logits, int64_t row_stride, int64_t row
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t r = 0; r < rows; r++) out[r] = sample_row(logits + r * row_stride, vocab, uniforms[r]);
     return 0;
+}
+
+/* The greedy token of each row: the first index of the row's largest value, or of its first NaN
+ * (torch.argmax's answer on the CPU, which the greedy outputs were checked against). torch's own
+ * argmax reads ~1 GB/s here: 43 us a row of a 49k vocabulary, 0.3-0.5 ms a 16-row step, 1.3-1.5 ms
+ * at 64 rows. Two vector passes (the largest value and whether a NaN is there, then the first
+ * place of the one that wins) read the row from the cache the logits were just written to. */
+static inline int wins(float x, float max, int nan) {
+    return nan ? x != x : x == max;
+}
+
+static int64_t argmax_row(const float *x, int64_t vocab) {
+    float max = -INFINITY;
+    int nan = 0;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    __mmask16 unordered = 0;
+    for (; i + 16 <= vocab; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        vmax = _mm512_max_ps(v, vmax); /* a NaN in v gives vmax back */
+        unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    max = _mm512_reduce_max_ps(vmax);
+    nan = unordered != 0;
+#endif
+    for (; i < vocab; i++) {
+        max = x[i] > max ? x[i] : max;
+        nan |= x[i] != x[i];
+    }
+    i = 0;
+#if defined(__AVX512F__)
+    const __m512 target = _mm512_set1_ps(max);
+    for (; i + 16 <= vocab; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+        if (hit) return i + __builtin_ctz(hit);
+    }
+#endif
+    for (; i < vocab; i++)
+        if (wins(x[i], max, nan)) return i;
+    return 0; /* every value -inf: the first, as torch */
+}
+
+void kvserve_argmax_rows_f32(const float *logits, int64_t row_stride, int64_t rows, int64_t vocab, int64_t *out,
+                             int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(logits + r * row_stride, vocab);
 }

@@ -117,8 +117,15 @@ def _draw(scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     # No token with mass (a row the grammar emptied, NaN logits): the best one stands in, as in
     # greedy decoding; the caller turns an emptied constrained row into NO_TOKEN.
     if bool((ids < 0).any()):
-        ids = torch.where(ids >= 0, ids, scaled.argmax(dim=-1))
+        ids = torch.where(ids >= 0, ids, greedy_tokens(scaled))
     return ids
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax, as torch gives it (the first largest; a NaN wins), natively on the CPU:
+    torch's argmax took 0.3 ms of a 16-row step and 1.3 ms of a 64-row one here."""
+    ids = cpu_native.argmax_rows(logits) if logits.device.type == "cpu" else None
+    return logits.argmax(dim=-1) if ids is None else ids
 
 
 def target_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -161,7 +168,7 @@ class Sampler:
 
         flags = [r.params.greedy for r in rows]
         all_greedy = all(flags)
-        token_ids = logits.argmax(dim=-1) if any(flags) else None
+        token_ids = greedy_tokens(logits) if any(flags) else None
         if not all_greedy:
             greedy = torch.tensor(flags, device=logits.device)
             temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows],

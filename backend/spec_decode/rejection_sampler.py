@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from kvserve.backend.engine.sampler import greedy_tokens
+
 Draw = Callable[[torch.Tensor], int]  # one row [1, vocab] of scaled, filtered logits -> a token
 
 
@@ -30,7 +32,7 @@ def verify_proposals(logits: torch.Tensor, drafts: list[int], greedy: bool, draw
     scaled and filtered (top-k/top-p/min-p as -inf), and `draw` is the sampler's draw for one row,
     called once per emitted token, in order (it takes the request's next random number)."""
     if greedy:
-        best = logits.argmax(dim=-1).tolist()
+        best = greedy_tokens(logits).tolist()
         for j, draft in enumerate(drafts):
             if best[j] != draft:
                 return drafts[:j] + [best[j]]

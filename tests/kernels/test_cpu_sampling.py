@@ -55,3 +55,27 @@ def test_shapes_it_does_not_serve_fall_back():
     assert cpu_native.sample_rows(torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)) is None
     assert cpu_native.sample_rows(torch.zeros(2, 4), torch.zeros(2)) is None  # float32 uniforms
     assert cpu_native.sample_rows(torch.zeros(1, 1024 * 512 + 1), torch.zeros(1, dtype=torch.float64)) is None
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 100, 49152])
+def test_argmax_rows_answers_as_torch_argmax(vocab):
+    """Ties (small integers repeat), NaNs before and after the largest value, rows of -inf only and
+    +inf, over vocabularies off and on the vector width, with a row stride past the vocabulary."""
+    g = torch.Generator().manual_seed(vocab)
+    wide = torch.randint(-4, 5, (64, vocab + 3), generator=g).float()
+    logits = wide[:, :vocab]
+    for r in range(0, 64, 4):
+        logits[r, int(torch.randint(0, vocab, (1,), generator=g))] = float("nan")
+    logits[1] = float("-inf")
+    logits[2, -1] = float("inf")
+    logits[3, 0] = float("nan")
+    ids = cpu_native.argmax_rows(logits)
+    assert ids is not None and ids.dtype == torch.int64
+    assert ids.tolist() == logits.argmax(dim=-1).tolist()
+
+
+def test_argmax_rows_of_random_logits_and_what_it_does_not_serve():
+    logits = torch.randn(16, 49152, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cpu_native.argmax_rows(logits), logits.argmax(dim=-1))
+    assert cpu_native.argmax_rows(logits.double()) is None
+    assert cpu_native.argmax_rows(logits.t()) is None  # no unit column stride
