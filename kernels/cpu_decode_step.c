@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 
 /* The kernels this file drives (built into the same library). */
 int kvserve_paged_decode(const float *query, const void *key_cache, const void *value_cache, int kv_format,
@@ -108,6 +109,7 @@ typedef struct {
     int64_t num_threads;
     int64_t parallel_min_elements; /* below it an elementwise op stays on one thread (cpu_native.py) */
     const kvserve_lora_step *lora; /* this step's adapter rows, or NULL (base-model rows only) */
+    int64_t split_row; /* nonzero: rows [0, split_row) and the rest run as two halves, one a thread (below) */
 } kvserve_decode_shape;
 
 static int run_linear(const kvserve_linear_desc *w, const float *x, int64_t m, float *out, int threads) {
@@ -154,13 +156,9 @@ static int elementwise_threads(const kvserve_decode_shape *s, int64_t elements) 
     return elements >= s->parallel_min_elements ? (int)s->num_threads : 1;
 }
 
-/* x [rows][hidden] (the embeddings) -> x and residual [rows][hidden] after the last layer, as the
- * model's loop leaves them (the final norm adds them). Returns 0, or
- * nonzero when a kernel declined. The caller then runs the step the per-operation way: x_out and
- * residual_out are written only on success, and the KV rows this step already wrote are the values
- * that path writes again. */
-int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_layer *layers, int64_t num_layers,
-                            const float *x_in, float *x_out, float *residual_out) {
+/* The step's rows on s->num_threads threads, every kernel splitting its work among them. */
+static int decode_rows(const kvserve_decode_shape *s, const kvserve_decode_layer *layers, int64_t num_layers,
+                       const float *x_in, float *x_out, float *residual_out) {
     const int64_t m = s->rows, hidden = s->hidden, d = s->head_dim;
     const int64_t q_size = s->num_heads * d, kv_size = s->num_kv_heads * d, qkv_size = q_size + 2 * kv_size;
     const int threads = (int)s->num_threads;
@@ -247,4 +245,59 @@ int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_
     }
     free(work);
     return status;
+}
+
+/* The rows [first, first + rows) of the step: its layers' row-indexed arrays from that row on. */
+static void rows_from(const kvserve_decode_shape *s, const kvserve_decode_layer *layers, int64_t num_layers,
+                      int64_t first, int64_t rows, kvserve_decode_shape *part, kvserve_decode_layer *part_layers) {
+    *part = *s;
+    part->rows = rows;
+    part->num_threads = 1;
+    for (int64_t l = 0; l < num_layers; l++) {
+        part_layers[l] = layers[l];
+        part_layers[l].cos = layers[l].cos + first * s->rotary_half;
+        part_layers[l].sin = layers[l].sin + first * s->rotary_half;
+        part_layers[l].tables = layers[l].tables + first * layers[l].table_stride;
+        part_layers[l].lens = layers[l].lens + first;
+        part_layers[l].slots = layers[l].slots + first;
+    }
+}
+
+/* x [rows][hidden] (the embeddings) -> x and residual [rows][hidden] after the last layer, as the
+ * model's loop leaves them (the final norm adds them). Returns 0, or nonzero when a kernel declined.
+ * The caller then runs the step the per-operation way: the KV rows this step already wrote are the
+ * values that path writes again, and x_out and residual_out are scratch (a half that ran wrote its rows).
+ *
+ * With s->split_row on two threads (and no LoRA), each thread runs one half of the rows through every
+ * layer alone, with no barrier between them. Where one half waits on its K/V reads in attention, the
+ * other's projections find the FMA units free; split operation by operation, both threads wait on
+ * the same reads at the same time. The price is each half reading the weights on its own. Every
+ * kernel's result for a row depends neither on the rows beside it nor on the thread count, so the
+ * bits are decode_rows' (the tests compare both with the per-operation path). The caller decides per
+ * step from what the step reads, and splits where a request starts: a verification's row attends
+ * over the keys and values its request's earlier rows write in the same layer, so they must be on
+ * its thread (backend/worker/native_decode.py; BENCHMARKS.md section 7, eighteenth point). */
+int kvserve_decode_step_f32(const kvserve_decode_shape *s, const kvserve_decode_layer *layers, int64_t num_layers,
+                            const float *x_in, float *x_out, float *residual_out) {
+    const int64_t first = s->split_row;
+    if (first <= 0 || first >= s->rows || s->num_threads != 2 || s->lora)
+        return decode_rows(s, layers, num_layers, x_in, x_out, residual_out);
+    const int64_t hidden = s->hidden;
+    kvserve_decode_layer *part_layers = malloc(sizeof(kvserve_decode_layer) * (size_t)(2 * num_layers));
+    if (!part_layers) return 2;
+    kvserve_decode_shape parts[2];
+    rows_from(s, layers, num_layers, 0, first, parts, part_layers);
+    rows_from(s, layers, num_layers, first, s->rows - first, parts + 1, part_layers + num_layers);
+    int status[2] = {0, 0};
+#pragma omp parallel num_threads(2)
+    {
+        /* Thread i takes half i; a team of one (the runtime's nesting limit) takes both. */
+        for (int i = omp_get_thread_num(); i < 2; i += omp_get_num_threads()) {
+            const int64_t at = i * first * hidden;
+            status[i] = decode_rows(parts + i, part_layers + i * num_layers, num_layers, x_in + at, x_out + at,
+                                    residual_out + at);
+        }
+    }
+    free(part_layers);
+    return status[0] ? status[0] : status[1];
 }

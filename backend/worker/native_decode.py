@@ -22,6 +22,10 @@ step's row groups go in as one descriptor per target (`_LoRAStep`), and the C si
 target's grouped shrink/expand (kernels/cpu_lora.c) after its projection, as the wrapped
 projections of backend/lora/layers.py do from Python: the same kernel on the same rows, so
 adapter steps too equal the per-operation path bit for bit.
+
+On two threads, a step that reads much more K/V than weights runs its rows as two halves, each a
+whole step on one thread (`_halves`): one half's projections then use the FMA units while the
+other's attention waits on memory, where split operation by operation both threads wait at once.
 """
 from __future__ import annotations
 
@@ -38,6 +42,15 @@ from kvserve.kernels import cpu_native
 # cpu_decode_step.c's LIN_* and the ctypes mirrors of its structs (field for field).
 _LIN_F32, _LIN_I8, _LIN_GROUPED, _LIN_STRIPS = 0, 1, 2, 3
 _i64, _p, _f = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+# Two halves (cpu_decode_step.c) from this many rows, where the step's K/V reads are at least this
+# many times its weights' bytes (each half reads the weights again). Measured on the 2-core VM's
+# decode steps (BENCHMARKS.md section 7, eighteenth point): SmolLM2's grid codes gained from 12 rows
+# at 256-384 tokens (K/V 2.2x the weights) and at 8 rows of 1,000 (4.9x), and lost 2.5 % at 8 rows
+# of 256-384 (1.5x); its float32 weights lost 2 % at 16 rows (0.55x) and gained 8 % at 64 (2.2x).
+HALVES_MIN_ROWS = 8
+HALVES_MIN_KV_TO_WEIGHTS = 2.0
 
 
 class _Linear(ctypes.Structure):
@@ -73,7 +86,7 @@ class _Shape(ctypes.Structure):
     _fields_ = [("rows", _i64), ("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64),
                 ("num_kv_heads", _i64), ("head_dim", _i64), ("block_size", _i64), ("rotary_half", _i64),
                 ("eps", _f), ("scale", _f), ("num_threads", _i64), ("parallel_min_elements", _i64),
-                ("lora", ctypes.POINTER(_LoRAStep))]
+                ("lora", ctypes.POINTER(_LoRAStep)), ("split_row", _i64)]
 
 
 MAX_ROWS = NATIVE_MAX_ROWS  # above it the projections leave the native kernels
@@ -169,7 +182,10 @@ class NativeDecodeStep:
                           num_kv_heads=first.num_kv_heads, head_dim=first.head_dim,
                           block_size=kv_caches[0][0].shape[1], rotary_half=model.cos_sin_cache.shape[1] // 2,
                           eps=first.eps, scale=model.scale)
-        self._by_rows: dict[int, tuple[ctypes.Array, list[torch.Tensor]] | None] = {}
+        # Per row count: the layers' descriptors, the tensors they point into, and the bytes of the
+        # projections' weights that a step reads.
+        self._by_rows: dict[int, tuple[ctypes.Array, list[torch.Tensor], int] | None] = {}
+        self.kv_position_bytes = 2 * first.num_kv_heads * first.head_dim * kv_caches[0][0].element_size()
         # With --enable-lora: the adapter slots, whose `step` is None in steps with no adapter rows,
         # and the descriptor their steps fill in (None: adapter steps decline).
         qkv = model.layers[0].qkv_proj
@@ -200,6 +216,7 @@ class NativeDecodeStep:
     def _build(self, rows: int):
         layers = (_Layer * self.num_layers)()
         keep: list[torch.Tensor] = []
+        weight_bytes = 0
         for i, (layer, (key_cache, value_cache)) in enumerate(zip(self.model.layers, self.kv_caches)):
             entry = layers[i]
             for field in ("qkv", "o", "gate_up", "down"):
@@ -208,6 +225,7 @@ class NativeDecodeStep:
                     return None
                 setattr(entry, field, described[0])
                 keep += described[1]
+                weight_bytes += sum(t.nbytes for t in described[1])
             for name, norm in _norms(self.family, layer).items():
                 if norm is not None and (norm.dtype != torch.float32 or not norm.is_contiguous()):
                     return None
@@ -217,7 +235,7 @@ class NativeDecodeStep:
             entry.key_cache, entry.value_cache = _ptr(key_cache), _ptr(value_cache)
             entry.kv_format, entry.kv_values = cpu_native.kv_format(key_cache.dtype), cpu_native.kv_values(key_cache.dtype)
             entry.window = layer.window or 0
-        return layers, keep
+        return layers, keep, weight_bytes
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, metas: list) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(x, residual) after the last layer, or None: the step is not one this path takes."""
@@ -230,7 +248,7 @@ class NativeDecodeStep:
         built = self._layers(rows)
         if built is None:
             return None
-        layers, _ = built
+        layers, _, weight_bytes = built
         # Each KV group's and each rotary table's tensors are made (and their addresses read) once a
         # step, then written into every layer's entry: this loop runs every decode step.
         step_tensors = []
@@ -251,13 +269,15 @@ class NativeDecodeStep:
         for i, table in enumerate(self.rotary_tables):
             cos_sin = angles.get(id(table))
             if cos_sin is None:
-                halves = tuple(half.contiguous() for half in table[index].float().chunk(2, dim=-1))
-                step_tensors.append(halves)
-                cos_sin = angles[id(table)] = (halves[0].data_ptr(), halves[1].data_ptr())
+                cos, sin = (half.contiguous() for half in table[index].float().chunk(2, dim=-1))
+                step_tensors.append((cos, sin))
+                cos_sin = angles[id(table)] = (cos.data_ptr(), sin.data_ptr())
             layers[i].cos, layers[i].sin = cos_sin
         x_out, residual = torch.empty_like(x), torch.empty_like(x)
-        shape = _Shape(rows=rows, num_threads=torch.get_num_threads(),
-                       parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS, **self.shape)
+        num_threads = torch.get_num_threads()
+        halves = num_threads == 2 and lora_step is None and self._halves(rows, metas, weight_bytes)
+        shape = _Shape(rows=rows, num_threads=num_threads, parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS,
+                       split_row=middle_request_start(*step_tensors[0][:2]) if halves else 0, **self.shape)
         if lora_step is not None:
             if not self._fill_lora(lora_step, rows):
                 return None
@@ -265,6 +285,20 @@ class NativeDecodeStep:
         status = cpu_native.decode_step(ctypes.byref(shape), layers, self.num_layers, x.data_ptr(), x_out.data_ptr(),
                                         residual.data_ptr())
         return None if status else (x_out, residual)
+
+    def _halves(self, rows: int, metas: list, weight_bytes: int) -> bool:
+        """Whether this step's rows run as two halves: enough rows, and K/V reads (each layer's rows'
+        visible positions) of at least HALVES_MIN_KV_TO_WEIGHTS times the weights'."""
+        if rows < HALVES_MIN_ROWS:
+            return False
+        positions, by_group = 0, {}
+        for meta, layer in zip(metas, self.model.layers):
+            key = (id(meta), layer.window)
+            if key not in by_group:
+                lens = meta.seq_lens if not layer.window else meta.seq_lens.clamp(max=layer.window)
+                by_group[key] = int(lens.sum())
+            positions += by_group[key]
+        return positions * self.kv_position_bytes >= HALVES_MIN_KV_TO_WEIGHTS * weight_bytes
 
     def _fill_lora(self, step: dict, rows: int) -> bool:
         """This step's row groups into the LoRA descriptor (its stacks' pointers are fixed); False
@@ -295,6 +329,16 @@ class NativeDecodeStep:
             return None
         return (tables.to(torch.int32).contiguous(), lens.to(torch.int32).contiguous(),
                 meta.slot_mapping.long().contiguous())
+
+
+def middle_request_start(tables: torch.Tensor, lens: torch.Tensor) -> int:
+    """The row nearest the middle where a request starts, or 0 where one request holds every row.
+    A request's rows (a verification's) share their block table and have lengths one apart; two
+    requests never share the block a decode row writes to."""
+    rows = lens.numel()
+    same = (tables[1:] == tables[:-1]).all(dim=1) & (lens[1:] == lens[:-1] + 1)
+    starts = (~same).nonzero().flatten() + 1
+    return int(starts[(starts - rows // 2).abs().argmin()]) if starts.numel() else 0
 
 
 def _lora_step(model, slots) -> _LoRAStep | None:

@@ -4,12 +4,15 @@ not within a tolerance. Each case also checks that the native step really ran, a
 must decline fall back without changing a result."""
 from __future__ import annotations
 
+import dataclasses
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from kvserve.backend import LLM, SamplingParams
+from kvserve.backend.worker import native_decode
 from kvserve.backend.worker.native_decode import NativeDecodeStep
 from kvserve.backend.models.tiny import TinySpec, make_tiny_model
 from kvserve.kernels import cpu_native
@@ -126,6 +129,94 @@ def test_real_model_grid_codes_equal_the_per_operation_path(real_model_path):
                "Translate to French: good morning", "The three primary colours are", "Once upon a time",
                "SELECT * FROM", "import numpy as np\n"]
     _assert_native_equals_per_op(llm, prompts, GREEDY, min_taken=GREEDY.max_tokens - 1)
+
+
+@pytest.fixture
+def two_threads_and_halves_seen(monkeypatch):
+    """Two threads (the halves' condition, on any machine), and the split row of every native step (0: none)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    real = cpu_native.decode_step
+
+    def spy(shape, *args):
+        seen.append(shape._obj.split_row)
+        return real(shape, *args)
+
+    monkeypatch.setattr(cpu_native, "decode_step", spy)
+    yield seen
+    torch.set_num_threads(threads)
+
+
+def test_two_halves_equal_the_per_operation_path(llama_dir, two_threads_and_halves_seen, monkeypatch):
+    # Steps of 8 rows or more run as two halves, one a thread (cpu_decode_step.c), whatever they read
+    # (the policy's bytes rule is tested apart); the batch shrinks below 8 as requests finish.
+    monkeypatch.setattr(native_decode, "HALVES_MIN_KV_TO_WEIGHTS", 0.0)
+    llm = LLM(model=llama_dir, dtype="float32", max_num_seqs=16, enable_prefix_caching=False)
+    prompts = _prompts(12, seed=5)
+    native, per_op, _ = _native_and_per_op(llm, prompts, [dataclasses.replace(GREEDY, max_tokens=4 + 2 * i)
+                                                          for i in range(len(prompts))])
+    _assert_equal(native, per_op)
+    seen = two_threads_and_halves_seen
+    assert any(seen) and not all(seen), seen
+
+
+def test_real_model_halves_equal_the_per_operation_path(real_model_path, two_threads_and_halves_seen, monkeypatch):
+    # SmolLM2's grid tiles in halves of 4 and 5 rows: the policy is set to take every step of 8 rows or
+    # more (short prompts read far less K/V than its weights), the rule under test is the bits.
+    monkeypatch.setattr(native_decode, "HALVES_MIN_KV_TO_WEIGHTS", 0.0)
+    llm = LLM(model=real_model_path, max_num_seqs=16, enable_prefix_caching=False)
+    prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,", "def fib(n):",
+               "Translate to French: good morning", "The three primary colours are", "Once upon a time",
+               "SELECT * FROM", "import numpy as np\n"]
+    _assert_native_equals_per_op(llm, prompts, GREEDY, min_taken=GREEDY.max_tokens - 1)
+    assert all(two_threads_and_halves_seen)
+
+
+def test_halves_keep_each_verification_on_one_thread(llama_dir, two_threads_and_halves_seen, monkeypatch):
+    # Three requests verifying 4 n-gram proposals each: 15 rows, whose middle row is inside the second
+    # request. Its rows attend over the keys and values its earlier rows write in the same layer, so the
+    # halves split where a request starts (middle_request_start, tested apart), and the output is plain
+    # decoding's.
+    monkeypatch.setattr(native_decode, "HALVES_MIN_KV_TO_WEIGHTS", 0.0)
+    prompts = ["the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat",
+               "one two three four five one two three four five one two three",
+               "def add(a, b): return a + b\ndef add(a, b): return a + b\ndef add("]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=1)
+    spec = LLM(model=llama_dir, max_model_len=256, max_num_seqs=4, enable_prefix_caching=False,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 3, "load_policy": "off"})
+    plain = LLM(model=llama_dir, max_model_len=256, max_num_seqs=4, enable_prefix_caching=False)
+    with_halves = spec.generate(prompts, params)
+    assert any(two_threads_and_halves_seen) and spec.engine.speculator.counters.num_accepted_tokens > 0
+    _assert_equal(with_halves, plain.generate(prompts, params))
+
+
+def test_the_halves_split_where_the_request_nearest_the_middle_starts():
+    start = native_decode.middle_request_start
+    table = lambda *blocks: list(blocks)  # noqa: E731
+    # Eight single-row decodes: the middle row.
+    assert start(torch.arange(8, dtype=torch.int32)[:, None], torch.full((8,), 40, dtype=torch.int32)) == 4
+    # A decode (row 0), a verification of 5 rows (1-5), one of 2 (6-7): row 4 is inside the first
+    # verification; the request starts nearest it are rows 6 and 1, and 6 is nearer.
+    tables = torch.tensor([table(1, 2), *[table(3, 4)] * 5, *[table(5, 6)] * 2], dtype=torch.int32)
+    lens = torch.tensor([30, 20, 21, 22, 23, 24, 17, 18], dtype=torch.int32)
+    assert start(tables, lens) == 6
+    # One request's rows only: no split.
+    assert start(torch.tensor([table(3, 4)] * 6, dtype=torch.int32), torch.arange(20, 26, dtype=torch.int32)) == 0
+
+
+def test_halves_policy_weighs_the_kv_reads_against_the_weights():
+    # Two layers of one KV group, the second sliding over 100 positions; 1,000 bytes of K/V a position
+    # and layer. 8 rows of 300 positions read 300 * 8 + 100 * 8 = 3,200 positions, 3.2 MB.
+    meta = SimpleNamespace(seq_lens=torch.full((8,), 300, dtype=torch.int32))
+    step = SimpleNamespace(model=SimpleNamespace(layers=[SimpleNamespace(window=None), SimpleNamespace(window=100)]),
+                           kv_position_bytes=1000)
+    halves = NativeDecodeStep._halves
+    assert halves(step, 8, [meta, meta], weight_bytes=1_600_000)  # K/V exactly 2x the weights
+    assert not halves(step, 8, [meta, meta], weight_bytes=1_600_001)
+    short = SimpleNamespace(seq_lens=meta.seq_lens[:7])
+    assert not halves(step, 7, [short, short], weight_bytes=1)  # too few rows, whatever they read
 
 
 def test_declined_where_it_would_differ_or_cannot_run(llama_dir, monkeypatch):
