@@ -24,6 +24,7 @@ _EXPORTS = {
     "SchedulerOutput": ".scheduler",
     "TokenLogprob": ".outputs",
     "env_overrides": ".config",
+    "greedy_tokens": ".sampler",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = exports_loader(__name__, _EXPORTS)

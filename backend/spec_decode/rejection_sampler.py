@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from kvserve.backend.engine.sampler import greedy_tokens
+from kvserve.backend.engine import greedy_tokens
 
 Draw = Callable[[torch.Tensor], int]  # one row [1, vocab] of scaled, filtered logits -> a token
 
