@@ -161,6 +161,17 @@ def test_two_halves_equal_the_per_operation_path(llama_dir, two_threads_and_halv
     assert any(seen) and not all(seen), seen
 
 
+@pytest.mark.parametrize("spec", [SLIDING_QWEN2, GEMMA3], ids=["qwen2-two-kv-groups", "gemma3"])
+def test_halves_with_sliding_windows_equal_the_per_operation_path(spec, two_threads_and_halves_seen, monkeypatch):
+    # Each layer's tables, lengths and slots are its own KV group's, offset to each half's first row.
+    monkeypatch.setattr(native_decode, "HALVES_MIN_KV_TO_WEIGHTS", 0.0)
+    model_dir = str(make_tiny_model(MODEL_CACHE / f"native-decode-{spec.arch}", spec))
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=12, enable_prefix_caching=False)
+    _assert_native_equals_per_op(llm, _prompts(10, seed=6), SamplingParams(max_tokens=16, temperature=0,
+                                                                           ignore_eos=True, logprobs=1))
+    assert any(two_threads_and_halves_seen)
+
+
 def test_real_model_halves_equal_the_per_operation_path(real_model_path, two_threads_and_halves_seen, monkeypatch):
     # SmolLM2's grid tiles in halves of 4 and 5 rows: the policy is set to take every step of 8 rows or
     # more (short prompts read far less K/V than its weights), the rule under test is the bits.
