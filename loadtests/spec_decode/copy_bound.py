@@ -14,11 +14,11 @@ the suffix proposer beside two oracles that know each request's greedy output in
 Every request is fresh: each has a cache_salt of its own, so the suffix proposer never proposes
 another request's output. Every side runs the same greedy requests on its own engine (the oracles
 through the suffix method's config with `load_policy: "off"`, so every proposal is verified),
-prompts in turn, the side order reversed each round. A request's decode time is measured from its first output token to
-its last (prefill excluded, as a served TPOT is), and every side's tokens are checked against the
-plain engine's: verification is exact, so they must be identical. Prints ms per output token per
-side and prompt, the ratios to plain decoding, and the output tokens per step. One-off measurement,
-not installed.
+prompts in turn, the side order reversed each round. A request's decode time is measured from its
+first output token to its last (prefill excluded, as a served TPOT is), and every side's tokens are
+checked against the plain engine's: verification is exact, so they must be identical. Prints ms per
+output token per side and prompt, the ratios to plain decoding, and the output tokens per step.
+One-off measurement, not installed.
 """
 from __future__ import annotations
 
