@@ -275,9 +275,12 @@ class NativeDecodeStep:
             layers[i].cos, layers[i].sin = cos_sin
         x_out, residual = torch.empty_like(x), torch.empty_like(x)
         num_threads = torch.get_num_threads()
-        halves = num_threads == 2 and lora_step is None and self._halves(rows, metas, weight_bytes)
+        split_row = 0
+        if num_threads == 2 and lora_step is None and self._halves(rows, metas, weight_bytes):
+            first_tables, first_lens, _ = step_tensors[0]  # the first layer's KV group (appended first above)
+            split_row = middle_request_start(first_tables, first_lens)
         shape = _Shape(rows=rows, num_threads=num_threads, parallel_min_elements=cpu_native.PARALLEL_MIN_ELEMENTS,
-                       split_row=middle_request_start(*step_tensors[0][:2]) if halves else 0, **self.shape)
+                       split_row=split_row, **self.shape)
         if lora_step is not None:
             if not self._fill_lora(lora_step, rows):
                 return None
