@@ -42,7 +42,7 @@ log = logging.getLogger("kvserve.engine")
 
 _SOURCES = [Path(__file__).resolve().with_name(name)
             for name in ("cpu_decode_attention.c", "cpu_elementwise.c", "cpu_sampling.c", "cpu_linear.c",
-                         "cpu_grid_linear.c", "cpu_lora.c", "cpu_kv_write.c", "cpu_decode_step.c")]
+                         "cpu_grid_linear.c", "cpu_grid_int8_dot.c", "cpu_lora.c", "cpu_kv_write.c", "cpu_decode_step.c")]
 _HEADERS = [Path(__file__).resolve().with_name(name) for name in ("cpu_exp.h", "cpu_vec16.h")]  # part of the cache key, not compiled alone
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -129,6 +129,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_grid_linear_f32.restype = ctypes.c_int
     lib.kvserve_grid_rows_f32.argtypes = [p, ctypes.c_int, i64, i64, p, i64, p]
     lib.kvserve_grid_rows_f32.restype = ctypes.c_int
+    lib.kvserve_grid_int8_dot_available.argtypes = []
+    lib.kvserve_grid_int8_dot_available.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
     lib.kvserve_kv_from_f32.argtypes = [p, i64, ctypes.c_int, p]
@@ -365,6 +367,13 @@ def linear_available() -> bool:
     return _linear_runs()
 
 
+def int8_dot_available() -> bool:
+    """Whether int4 strips may multiply with int8-quantized activations here (cpu_grid_int8_dot.c:
+    AVX-512 F and BW)."""
+    lib = _library()
+    return lib is not None and bool(lib.kvserve_grid_int8_dot_available())
+
+
 def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:
     """A float32 [N, K] weight (or int8 codes) in `linear`'s tiled layout, or None where the kernel
     does not run."""
@@ -492,13 +501,13 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
 def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
                        bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
-    kind `bits` (2, 4, 8 or 16: its INT4, Q4, Q8, Q8_HALVES), plus bias; None if the kernel declines
+    kind `bits` (2, 3, 4, 8 or 16: its INT4, INT4_Q8, Q4, Q8, Q8_HALVES), plus bias; None if the kernel declines
     (neither AVX-512 nor AVX2 + FMA + F16C: the caller's other path runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None
     rows, k = x.shape
-    block_bytes = {2: 96, 4: 96, 8: 144, 16: 192}.get(bits, 0)  # cpu_grid_linear.c's block_bytes()
+    block_bytes = {2: 96, 3: 80, 4: 96, 8: 144, 16: 192}.get(bits, 0)  # cpu_grid_linear.c's block_bytes()
     strips = (out_features + 3) // 4
     if (not block_bytes or k % 32 or packed.dtype != torch.uint8 or packed.numel() != strips * (k // 32) * block_bytes
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()

@@ -31,6 +31,7 @@ from kvserve.kernels import cpu_native
 
 Q4, Q8, Q8_HALVES = gguf_codes.Q4, gguf_codes.Q8, gguf_codes.Q8_HALVES  # cpu_grid_linear.c's GRID_*
 INT4 = 2  # GRID_I4: `--quantization int4`'s codes, (q - 8) * scale + zero (quantize.py), in Q4's strips
+INT4_Q8 = 3  # GRID_I4_Q8: the same codes with bfloat16 constants, times int8 activations (cpu_grid_int8_dot.c)
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64
@@ -100,9 +101,9 @@ def _symmetric8(blocks: torch.Tensor):
     return None
 
 
-def _strips(codes: torch.Tensor, constants: list[torch.Tensor]) -> torch.Tensor:
-    """codes [N, G, C] (bytes per output and block) and float32 constants [N, G] -> the kernel's
-    strips: per 4 outputs and block, their 4 x C code bytes, then each constant for the 4."""
+def _strips(codes: torch.Tensor, constants: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """codes [N, G, C] (bytes per output and block) and constants [N, G] -> the kernel's strips: per
+    4 outputs and block, their 4 x C code bytes, then each constant for the 4 (as `dtype`)."""
     n, groups = codes.shape[:2]
     pad = -n % STRIP
     if pad:
@@ -111,7 +112,7 @@ def _strips(codes: torch.Tensor, constants: list[torch.Tensor]) -> torch.Tensor:
     strips = (n + pad) // STRIP
     parts = [codes.view(torch.uint8).reshape(strips, STRIP, groups, -1).transpose(1, 2).reshape(strips, groups, -1)]
     for c in constants:
-        parts.append(c.float().reshape(strips, STRIP, groups).transpose(1, 2).contiguous().view(torch.uint8))
+        parts.append(c.to(dtype).reshape(strips, STRIP, groups).transpose(1, 2).contiguous().view(torch.uint8))
     return torch.cat(parts, dim=-1).contiguous().reshape(-1)
 
 
@@ -166,12 +167,16 @@ def _laid_out(kind: int, codes: torch.Tensor, step: torch.Tensor, offset: torch.
     return GridWeight(strips, tiles, kind, n, k)
 
 
-def int4_strips(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def int4_strips(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, kind: int = INT4) -> torch.Tensor:
     """`--quantization int4`'s codes [N, K] (0..15) with their scale and zero [N, K / 32] in the
-    strips of kind INT4: Q4's layout, for the few-row steps of that mode."""
+    strips of `kind`, for the few-row steps of that mode: INT4, Q4's layout; INT4_Q8, the same
+    codes with bfloat16 constants (the mode's scale and zero are bfloat16 values: exact)."""
     n, k = codes.shape
     blocks = codes.to(torch.uint8).view(n, k // GROUP, GROUP)
-    return _strips(blocks[..., :16] | (blocks[..., 16:] << 4), [scale, zero])
+    dtype = torch.bfloat16 if kind == INT4_Q8 else torch.float32
+    if kind == INT4_Q8 and not all(torch.equal(c.to(dtype).float(), c.float()) for c in (scale, zero)):
+        raise ValueError("int4 strips: INT4_Q8 keeps bfloat16 constants, and these are not bfloat16 values")
+    return _strips(blocks[..., :16] | (blocks[..., 16:] << 4), [scale, zero], dtype)
 
 
 @torch.no_grad()

@@ -23,6 +23,8 @@ part of the modes' accuracy cost (loadtests/studies/quant_accuracy.py measures i
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -38,6 +40,17 @@ INT4_GROUP_SIZE = 32
 # 7.4 / 9.7 / 5.5, 2 rows 8.4 / 10.3 / 6.6, 4 rows 10.3 / 10.9 / 9.9, 6 rows 17.5 / 12.8 / 15.5.
 INT4_NATIVE_MIN_ROWS = GRID_STRIP_MAX_ROWS + 1
 _ACT_DTYPE = torch.bfloat16
+
+
+def _strips_kind() -> int:
+    """The int4 strips' kind: where the machine has integer dot products (AVX-512 BW), INT4_Q8, whose
+    few-row steps multiply the codes with activations quantized to int8 per block of 32, as
+    llama.cpp's Q4 x Q8 dot does (kernels/cpu_grid_int8_dot.c: 0.8x the float32 strips' time for a
+    batch-1 step's projections); else INT4, float32 activations. KVSERVE_CPU_INT8_DOT=0 keeps INT4
+    (A/B measurements)."""
+    if os.environ.get("KVSERVE_CPU_INT8_DOT", "1") != "0" and cpu_native.int8_dot_available():
+        return grid_weights.INT4_Q8
+    return grid_weights.INT4
 
 
 class Int8Linear(nn.Module):
@@ -70,7 +83,6 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    STRIP_KIND = grid_weights.INT4  # `strips`' kind for cpu_native.grid_linear_strips
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE) -> None:
         super().__init__()
@@ -98,7 +110,8 @@ class Int4Linear(nn.Module):
         # Below INT4_NATIVE_MIN_ROWS the same codes in the grid kernel's strips (a row of a decode
         # step, a speculative step's few rows): each code widened once for all rows, where the
         # tiles' unpacking is not shared by enough rows. The same weight values as the tiles'.
-        self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1))
+        self.strip_kind = _strips_kind()
+        self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
                        if self.native is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,7 +119,7 @@ class Int4Linear(nn.Module):
             if x.shape[0] >= INT4_NATIVE_MIN_ROWS:
                 y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
             else:
-                y = cpu_native.grid_linear_strips(x, self.strips, self.STRIP_KIND, self.out_features, self.bias)
+                y = cpu_native.grid_linear_strips(x, self.strips, self.strip_kind, self.out_features, self.bias)
             if y is not None:
                 return y
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.packed,

@@ -135,7 +135,7 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
         d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
         keep += [w.codes, w.scales, w.zeros]
     elif type(linear) is Int4Linear and linear.strips is not None:
-        d = _Linear(_LIN_STRIPS, Int4Linear.STRIP_KIND, _ptr(linear.strips), None, None, bias)
+        d = _Linear(_LIN_STRIPS, linear.strip_kind, _ptr(linear.strips), None, None, bias)
         keep.append(linear.strips)
     else:
         return None

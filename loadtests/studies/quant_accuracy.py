@@ -9,7 +9,11 @@ For each mode (and for `none`, the reference, in `--dtype`):
   reference's tokens: how many of the 16 continuations are identical, the mean
   length of the common prefix, and the share of positions that agree;
 - perplexity of a fixed text (default: the corpus shipped with kvserve, or
-  `--text FILE`), teacher-forced, in windows of `--window` tokens.
+  `--text FILE`), teacher-forced, in windows of `--window` tokens;
+- the same text's first `--decode-tokens` tokens teacher-forced through decode steps of one row
+  each: the path of a batch-1 decode step (the few-row kernels, where `int4` multiplies with
+  int8-quantized activations), which the prefill windows above never take.
+With `--batch N` the greedy prompts run N at a time (1: every decode step has one row).
 With `--kv-dtypes` (and no `--modes`, unless given too) the weights stay unquantized and only the
 KV cache's dtype changes, against the reference's `auto` (the model's dtype): the perplexity windows
 are prefills whose attention reads the keys and values back from the cache, so they pay its rounding
@@ -95,6 +99,27 @@ def perplexity(llm: LLM, ids: list[int], window: int) -> float:
     return math.exp(nll / count)
 
 
+@torch.inference_mode()
+def decode_perplexity(llm: LLM, ids: list[int]) -> float:
+    """exp(mean NLL) of ids[1:], each token one decode step of one row over the cache the steps
+    before it wrote."""
+    runner = llm.engine.runner
+    bs, dev = runner.block_size, runner.device
+    n = len(ids) - 1
+    tables = torch.arange(1, -(-n // bs) + 1, dtype=torch.int32, device=dev)[None]  # block 0 is the null block
+    nll = 0.0
+    for t in range(n):
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([t + bs], device=dev), block_tables=tables,
+            seq_lens=torch.tensor([t + 1], dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=dev),
+            max_seq_len=t + 1, max_query_len=1, decode_only=True)
+        logits = runner.model(runner.ops, torch.tensor([ids[t]], device=dev), torch.tensor([t], device=dev),
+                              runner.kv_caches, meta, torch.zeros(1, dtype=torch.int64, device=dev))
+        nll += float(torch.nn.functional.cross_entropy(logits.float(), torch.tensor([ids[t + 1]], device=dev)))
+    return math.exp(nll / n)
+
+
 def _record_extremes(llm: LLM) -> dict[str, float]:
     """Wrap the engine's KV store to keep the largest |K| and |V| it is handed."""
     ops, seen = llm.engine.runner.ops, {"k": 0.0, "v": 0.0}
@@ -131,19 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", default=str(_DEFAULT_TEXT), help="text file for the perplexity")
     p.add_argument("--max-text-tokens", type=int, default=2048)
     p.add_argument("--window", type=int, default=512, help="tokens per teacher-forced window")
+    p.add_argument("--decode-tokens", type=int, default=256,
+                   help="tokens of the text teacher-forced through one-row decode steps (at most --window are)")
+    p.add_argument("--batch", type=int, default=None, help="greedy prompts at a time (default: all)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not 1 <= args.prompts <= len(PROMPTS) or args.tokens < 1 or args.window < 1:
-        print("quant_accuracy: --prompts must be in [1, 16], --tokens and --window >= 1", file=sys.stderr)
+    if (not 1 <= args.prompts <= len(PROMPTS) or args.tokens < 1 or args.window < 1
+            or args.decode_tokens < 2 or (args.batch is not None and args.batch < 1)):
+        print("quant_accuracy: --prompts must be in [1, 16], --tokens, --window and --batch >= 1, "
+              "--decode-tokens >= 2", file=sys.stderr)
         return 2
     results: dict[str, dict] = {}
     ref_tokens = None
     for mode, engine_args in _variants(args):
-        llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=args.prompts,
+        llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=args.batch or args.prompts,
                   max_model_len=max(args.window + 1, 1024), **engine_args)
         runner = llm.engine.runner
         extremes = _record_extremes(llm) if mode == "none" and args.kv_dtypes else None
@@ -152,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         text_ids = tok.encode(Path(args.text).read_text(encoding="utf-8"))[:args.max_text_tokens]
         tokens = greedy_tokens(llm, prompts, args.tokens)
         row = {"perplexity": perplexity(llm, text_ids, args.window), "text_tokens": len(text_ids),
+               "decode_perplexity": decode_perplexity(llm, text_ids[:min(args.decode_tokens, args.window)]),
                "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
                "kv_tokens_in_memory": args.memory // runner.block_bytes * runner.block_size}
         if extremes is not None:
@@ -170,15 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  reference KV cache {ref['kv_dtype']}: largest |K| stored {ref['max_abs_k']:.1f}, "
               f"|V| {ref['max_abs_v']:.1f} (fp8 e4m3's range: 448); KV tokens in {args.memory / 2 ** 30:g} GiB")
     kv = args.kv_dtypes
-    print(f"  {'mode':11} {'perplexity':>10} {'vs ref':>7} {'identical':>10} {'common prefix':>14} {'positions':>10}"
+    print(f"  decode ppl: the first {min(args.decode_tokens, args.window)} tokens through one-row decode steps")
+    print(f"  {'mode':11} {'perplexity':>10} {'vs ref':>7} {'decode ppl':>10} {'vs ref':>7} {'identical':>10} "
+          f"{'common prefix':>14} {'positions':>10}"
           + (f" {'KV tokens':>10}" if kv else ""))
     for mode, r in results.items():
         tokens = f" {r['kv_tokens_in_memory']:10,}" if kv else ""
         if mode == "none":
-            print(f"  {mode:11} {r['perplexity']:10.3f} {'':>7} {'(reference)':>10} {'':>14} {'':>10}{tokens}")
+            print(f"  {mode:11} {r['perplexity']:10.3f} {'':>7} {r['decode_perplexity']:10.3f} {'':>7} "
+                  f"{'(reference)':>10} {'':>14} {'':>10}{tokens}")
         else:
             change = 100 * (r["perplexity"] / ref["perplexity"] - 1)
-            print(f"  {mode:11} {r['perplexity']:10.3f} {change:+6.2f}% {r['identical']:>5}/{r['prompts']:<4} "
+            decode_change = 100 * (r["decode_perplexity"] / ref["decode_perplexity"] - 1)
+            print(f"  {mode:11} {r['perplexity']:10.3f} {change:+6.2f}% {r['decode_perplexity']:10.3f} "
+                  f"{decode_change:+6.2f}% {r['identical']:>5}/{r['prompts']:<4} "
                   f"{r['mean_common_prefix']:11.1f}/{args.tokens:<2} {100 * r['position_agreement']:9.1f}%{tokens}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"model": args.model, "config": vars(args), "results": results},

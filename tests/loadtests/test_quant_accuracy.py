@@ -1,4 +1,5 @@
-"""quant_accuracy: its perplexity is transformers' on the same text, and the command reports every mode."""
+"""quant_accuracy: its perplexity is transformers' on the same text (through prefill windows and
+through decode steps), and the command reports every mode."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,8 @@ def test_perplexity_equals_transformers(llama_dir):
     assert math.isclose(ours, math.exp(float(loss)), rel_tol=1e-4)
     # Windows change the number (less context per token), never the order of magnitude.
     assert 0.5 * ours < quant_accuracy.perplexity(llm, ids, window=16) < 2 * ours
+    # Token by token through decode steps: the same model over the same context.
+    assert math.isclose(quant_accuracy.decode_perplexity(llm, ids), ours, rel_tol=1e-4)
 
 
 def test_command_reports_every_mode(llama_dir, tmp_path, capsys):
@@ -34,6 +37,7 @@ def test_command_reports_every_mode(llama_dir, tmp_path, capsys):
     for mode in ("int8", "int4"):
         assert doc[mode]["prompts"] == 3 and 0 <= doc[mode]["identical"] <= 3
         assert 0.0 <= doc[mode]["position_agreement"] <= 1.0 and doc[mode]["perplexity"] > 1.0
+        assert doc[mode]["decode_perplexity"] > 1.0
 
 
 def test_command_reports_kv_cache_dtypes(llama_dir, tmp_path, capsys):

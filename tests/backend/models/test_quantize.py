@@ -12,6 +12,7 @@ from kvserve.backend.models import grid_weights
 from kvserve.backend.models.quantize import Int4Linear, Int8Linear, quantize_model
 from kvserve.kernels import cpu_native
 from tests.conftest import tiny_model
+from tests.kernels.int8_dot_reference import int8_dot_reference
 
 
 def _bf16_matmul(x, w):
@@ -44,24 +45,33 @@ def test_int4_linear_is_exact_on_a_weight_it_can_represent():
     lo = -(torch.arange(out_f * in_f // 32) % 5).float().view(out_f, in_f // 32, 1)
     w = (lo + codes.view(out_f, in_f // 32, 32) * step).view(out_f, in_f)
     layer = Int4Linear(w, None)
-    x = torch.randn(3, in_f, generator=gen)
-    if layer.native is not None:
-        torch.testing.assert_close(layer(x), x @ w.T, atol=1e-4, rtol=1e-5)
+    x = torch.randn(6, in_f, generator=gen)
+    if layer.native is None:
+        torch.testing.assert_close(layer(x[:3]), _bf16_matmul(x[:3], w), atol=0.05, rtol=0.01)
+        return
+    torch.testing.assert_close(layer(x), x @ w.T, atol=1e-4, rtol=1e-5)  # from 5 rows: the tiles, float32
+    few = layer(x[:3])  # the strips
+    if layer.strip_kind == grid_weights.INT4_Q8:  # activations rounded to int8: the kernel's own arithmetic
+        want = int8_dot_reference(x[:3], codes, step.view(out_f, -1), (lo + 8 * step).view(out_f, -1))
+        torch.testing.assert_close(few.double(), want, atol=1e-4, rtol=1e-5)
     else:
-        torch.testing.assert_close(layer(x), _bf16_matmul(x, w), atol=0.05, rtol=0.01)
+        torch.testing.assert_close(few, x[:3] @ w.T, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None, reason="no native CPU kernels here")
-def test_int4_strips_and_tiles_read_the_same_weights():
+def test_int4_strips_and_tiles_read_the_same_weights(monkeypatch):
     # Up to 4 rows the int4 codes go through the grid kernel's strips, from 5 the int4 tiles: one-hot
-    # rows read single weights out of each, and they must be the same float32 values.
+    # rows read single weights out of each, and they must be the same float32 values. The strips
+    # with float32 activations (INT4): the int8 ones round even a one-hot row's scale.
+    monkeypatch.setenv("KVSERVE_CPU_INT8_DOT", "0")
     gen = torch.Generator().manual_seed(2)
     layer = Int4Linear(torch.randn(48, 96, generator=gen) * 0.05, torch.randn(48, generator=gen))
+    assert layer.strip_kind == grid_weights.INT4
     eye = torch.eye(96)
     for rows in range(1, 9):
         picks = eye[torch.randperm(96, generator=gen)[:rows]]
         tiles = cpu_native.linear_i4(picks, layer.native, 48, None)
-        strips = cpu_native.grid_linear_strips(picks, layer.strips, grid_weights.INT4, 48, None)
+        strips = cpu_native.grid_linear_strips(picks, layer.strips, layer.strip_kind, 48, None)
         assert torch.equal(strips, tiles)
         x = torch.randn(rows, 96, generator=gen)
         torch.testing.assert_close(layer(x), cpu_native.linear_i4(x, layer.native, 48, layer.bias),

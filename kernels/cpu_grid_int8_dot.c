@@ -1,0 +1,183 @@
+/* `--quantization int4`'s few-row steps with integer dot products: the int4 strips (the layout of
+ * cpu_grid_linear.c's GRID_I4, w = (q - 8) * s + z per block of 32 inputs) times activations
+ * quantized to int8 per block of 32, as llama.cpp multiplies its Q4 weights with Q8 activations.
+ *
+ * Why: at one row cpu_grid_linear.c's float strips spend ~7 vector instructions on every 32 weights
+ * of an output (widen the codes, look each value up in a 16-entry table, two FMAs), and a batch-1
+ * step of SmolLM2 waits on those instructions, not on memory. Here 4 outputs' 128 codes take ~10:
+ * the 64 code bytes split into low and high nibbles, two vpdpbusd (64 byte products each, summed
+ * four at a time into int32), one conversion and two float operations for the block's scale.
+ *
+ * The arithmetic, per row, block g and output o (xs, xq: the row's block scale and int8 codes):
+ *   sum_j w_j x_j  ~  s * xs * (sum_j q_j xq_j - 8 sum_j xq_j)  +  z * sum_j x_j
+ * The zero's term uses the float32 sum of x, not the codes. The integer sums are exact, so the
+ * AVX-512 VNNI and AVX-512 BW (vpmaddubsw + vpmaddwd) paths give the same bits. Activations are
+ * rounded to 8 bits per block (|x| / max|x| * 127): this mode's accuracy cost grows by that
+ * rounding, which loadtests/studies/quant_accuracy.py measures. A row's results do not depend on
+ * the rows beside it nor on the thread count. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#define KVSERVE_I8DOT_GROUP 32
+#define KVSERVE_I8DOT_OUTS 4
+/* A strip's block: the 4 outputs' 16 code bytes (GRID_I4's), then their 4 scales and 4 zeros as bfloat16 (the
+ * values int4 rounds them to: 16 bytes fewer than float32's, a sixth of a step's reads). */
+#define KVSERVE_I8DOT_BLOCK_BYTES (KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * 4)
+#define KVSERVE_I8DOT_MAX_ROWS 4 /* rows per pass over a strip */
+#define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+/* One row's activations as int8 codes per block of 32, with what the products need of each block. */
+typedef struct {
+    int8_t *codes;     /* [k] */
+    float *scale;      /* [k / 32]: max |x| / 127 */
+    float *code_term;  /* [k / 32]: -8 * scale * sum of the codes (the weights' -8 offset) */
+    float *sum;        /* [k / 32]: the float32 sum of x (the weights' zero term) */
+} quantized_row;
+
+static void quantize_row(const float *x, int64_t k, quantized_row q) {
+    for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
+        const float *xg = x + g * KVSERVE_I8DOT_GROUP;
+        const __m512 lo = _mm512_loadu_ps(xg), hi = _mm512_loadu_ps(xg + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        /* Round to nearest (even), saturating: amax * (127 / amax) may round just above 127. */
+        const __m512i q_lo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inverse)));
+        const __m512i q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inverse)));
+        _mm_storeu_si128((__m128i *)(q.codes + g * KVSERVE_I8DOT_GROUP), _mm512_cvtsepi32_epi8(q_lo));
+        _mm_storeu_si128((__m128i *)(q.codes + g * KVSERVE_I8DOT_GROUP + 16), _mm512_cvtsepi32_epi8(q_hi));
+        const int code_sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q_lo,
+                                                     _mm512_set1_epi32(127)), _mm512_set1_epi32(-128)),
+                                                     _mm512_max_epi32(_mm512_min_epi32(q_hi, _mm512_set1_epi32(127)),
+                                                                      _mm512_set1_epi32(-128))));
+        q.scale[g] = scale;
+        q.code_term[g] = -8.0f * scale * (float)code_sum;
+        q.sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+    }
+}
+
+/* sum over each int32 lane of 4 products of unsigned codes (0..15) and signed activation codes. */
+static inline __attribute__((always_inline)) __m512i dot_u4_s8(__m512i acc, __m512i codes, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, codes, x);
+#else
+    /* Pairs as int16 (at most 2 * 15 * 128: no saturation), then pairs of those as int32. */
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+/* 4 bfloat16 at p as float32 (exact: the high half of each). */
+static inline __attribute__((always_inline)) __m128 bf16x4(const uint8_t *p) {
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16));
+}
+
+/* ROWS rows times one strip of 4 outputs. */
+static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const quantized_row *rows, int64_t k,
+                                                             const uint8_t *strip, const float *bias, float *out,
+                                                             int64_t out_stride, int width) {
+    __m512 acc[KVSERVE_I8DOT_MAX_ROWS];
+    __m128 term[KVSERVE_I8DOT_MAX_ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        acc[r] = _mm512_setzero_ps();
+        term[r] = _mm_setzero_ps();
+    }
+    /* Lane i of a product belongs to output i / 4: each output's scale repeated over its 4 lanes. */
+    const __m512i by_output = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
+        const uint8_t *blk = strip + g * KVSERVE_I8DOT_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
+        _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        /* 4 outputs x 16 bytes: inputs 0-15 in the low nibbles, 16-31 in the high ones. */
+        const __m512i codes = _mm512_loadu_si512(blk);
+        const __m512i low = _mm512_and_si512(codes, nibble);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+        const __m128 s = bf16x4(blk + KVSERVE_I8DOT_OUTS * 16), z = bf16x4(blk + KVSERVE_I8DOT_OUTS * 16 + 8);
+        const __m512 s_lanes = _mm512_permutexvar_ps(by_output, _mm512_castps128_ps512(s));
+        for (int r = 0; r < ROWS; r++) {
+            const int8_t *xq = rows[r].codes + g * KVSERVE_I8DOT_GROUP;
+            const __m512i x_low = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
+            const __m512i x_high = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
+            const __m512i dots = dot_u4_s8(dot_u4_s8(_mm512_setzero_si512(), low, x_low), high, x_high);
+            const __m512 scaled = _mm512_mul_ps(s_lanes, _mm512_set1_ps(rows[r].scale[g]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scaled, acc[r]);
+            term[r] = _mm_fmadd_ps(s, _mm_set1_ps(rows[r].code_term[g]), term[r]);
+            term[r] = _mm_fmadd_ps(z, _mm_set1_ps(rows[r].sum[g]), term[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        float lanes[16], terms[4];
+        _mm512_storeu_ps(lanes, acc[r]);
+        _mm_storeu_ps(terms, term[r]);
+        for (int o = 0; o < width; o++) {
+            const float *l = lanes + 4 * o;
+            out[r * out_stride + o] = ((l[0] + l[1]) + (l[2] + l[3])) + terms[o] + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+static void strip_rows(int rows, const quantized_row *q, int64_t k, const uint8_t *strip, const float *bias,
+                       float *out, int64_t out_stride, int width) {
+    switch (rows) {
+    case 1: strip_pass(1, q, k, strip, bias, out, out_stride, width); break;
+    case 2: strip_pass(2, q, k, strip, bias, out, out_stride, width); break;
+    case 3: strip_pass(3, q, k, strip, bias, out, out_stride, width); break;
+    default: strip_pass(4, q, k, strip, bias, out, out_stride, width); break;
+    }
+}
+#endif
+
+/* Whether this build has the kernel below (AVX-512 F and BW). */
+int kvserve_grid_int8_dot_available(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* out [m][n] = x [m][k] times the int4 strips `packed` (the layout above), with x quantized to int8
+ * per block of 32 as above, plus bias [n] when given. Returns nonzero where this build cannot run it,
+ * k is not a multiple of 32, or memory for the quantized rows is short. */
+int kvserve_grid_i4_q8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int64_t n,
+                           const float *bias, float *out, int64_t out_stride, int num_threads) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (k % KVSERVE_I8DOT_GROUP || m < 0) return 3;
+    const int64_t groups = k / KVSERVE_I8DOT_GROUP;
+    char *scratch = malloc((size_t)(m * k + 3 * m * groups * (int64_t)sizeof(float) + 1));
+    if (!scratch) return 5;
+    float *floats = (float *)scratch;
+    int8_t *codes = (int8_t *)(floats + 3 * m * groups);
+    quantized_row *q = malloc((size_t)(m + 1) * sizeof(quantized_row));
+    if (!q) {
+        free(scratch);
+        return 5;
+    }
+    for (int64_t r = 0; r < m; r++) {
+        q[r] = (quantized_row){codes + r * k, floats + r * groups, floats + (m + r) * groups,
+                               floats + (2 * m + r) * groups};
+        quantize_row(x + r * x_stride, k, q[r]);
+    }
+    const int64_t strips = (n + KVSERVE_I8DOT_OUTS - 1) / KVSERVE_I8DOT_OUTS;
+    const int64_t strip_bytes = groups * KVSERVE_I8DOT_BLOCK_BYTES;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t s = 0; s < strips; s++) {
+        const int64_t col = s * KVSERVE_I8DOT_OUTS;
+        const int width = n - col < KVSERVE_I8DOT_OUTS ? (int)(n - col) : KVSERVE_I8DOT_OUTS;
+        for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_I8DOT_MAX_ROWS) {
+            const int rows = m - r0 < KVSERVE_I8DOT_MAX_ROWS ? (int)(m - r0) : KVSERVE_I8DOT_MAX_ROWS;
+            strip_rows(rows, q + r0, k, packed + s * strip_bytes, bias ? bias + col : 0, out + r0 * out_stride + col,
+                       out_stride, width);
+        }
+    }
+    free(q);
+    free(scratch);
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)n; (void)bias; (void)out; (void)out_stride;
+    (void)num_threads;
+    return 1;
+#endif
+}

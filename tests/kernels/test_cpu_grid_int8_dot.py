@@ -1,0 +1,108 @@
+"""`--quantization int4`'s few-row kernel with int8 activations (kernels/cpu_grid_int8_dot.c): it is
+the product its doc states (activations rounded to int8 per block of 32, the integer sums exact),
+a row's result depends on nothing beside it, and its two instruction paths (VNNI and AVX-512 BW)
+give the same bits."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvserve.backend.models import grid_weights
+from kvserve.kernels import cpu_native
+from tests.kernels.int8_dot_reference import int8_dot_reference
+
+pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
+                                reason="no int8 dot kernel here (needs AVX-512 BW and a C compiler)")
+
+_KERNEL = Path(cpu_native.__file__).with_name("cpu_grid_int8_dot.c")
+
+
+def _weight(n: int, k: int, seed: int):
+    """Random int4 codes with bfloat16 scales and zeros (the values `--quantization int4` keeps)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    scale = (torch.rand(n, k // 32, generator=g) * 0.02).bfloat16().float()
+    zero = (torch.randn(n, k // 32, generator=g) * 0.02).bfloat16().float()
+    return codes, scale, zero, grid_weights.int4_strips(codes, scale, zero, grid_weights.INT4_Q8)
+
+
+@pytest.mark.parametrize("n,k", [(7, 32), (48, 96), (130, 576)])  # a partial last strip; one block; SmolLM2's width
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 6])  # beyond 4 rows a second pass over the strip
+def test_the_product_is_the_int8_activation_arithmetic(n, k, m):
+    codes, scale, zero, strips = _weight(n, k, seed=n + k + m)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, :32] = 0  # an all-zero block: scale 0, codes 0
+    bias = torch.randn(n, generator=g)
+    got = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, bias)
+    want = int8_dot_reference(x, codes, scale, zero) + bias.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+def test_the_rounding_costs_what_8_bit_activations_cost():
+    """Against float32 activations (the INT4 strips over the same codes), the error stays inside
+    the bound of rounding each activation by half its block's step."""
+    n, k = 64, 576
+    codes, scale, zero, strips = _weight(n, k, seed=3)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(4))
+    exact = cpu_native.grid_linear_strips(x, grid_weights.int4_strips(codes, scale, zero), grid_weights.INT4, n, None)
+    got = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, None)
+    # Only the codes' term meets the rounded activations (the zero's takes the float32 sum of x).
+    coded = ((codes.view(n, -1, 32) - 8) * scale[..., None]).view(n, k)
+    half_steps = (x.view(4, -1, 32).abs().amax(-1) / 254).repeat_interleave(32, dim=1)  # [4, k]
+    bound = half_steps @ coded.abs().T
+    assert ((got - exact).abs() <= bound * 1.01 + 1e-6).all()
+    assert (got - exact).abs().max() > 0  # the activations were rounded: not the float32 path
+
+
+def test_rows_and_threads_do_not_change_the_bits():
+    n, k = 96, 192
+    _, _, _, strips = _weight(n, k, seed=5)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(6))
+    together = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, None)
+    alone = torch.cat([cpu_native.grid_linear_strips(x[i:i + 1].clone(), strips, grid_weights.INT4_Q8, n, None)
+                       for i in range(5)])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, alone) and torch.equal(together, one_thread)
+
+
+def test_constants_that_are_not_bfloat16_are_refused():
+    codes = torch.zeros(4, 32, dtype=torch.int32)
+    with pytest.raises(ValueError, match="bfloat16"):
+        grid_weights.int4_strips(codes, torch.full((4, 1), 0.1), torch.zeros(4, 1), grid_weights.INT4_Q8)
+
+
+def _has_vnni() -> bool:
+    try:
+        return " avx512_vnni " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or not _has_vnni(), reason="compares the VNNI build with the BW one")
+def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
+    outs = []
+    n, k, m = 67, 320, 4
+    _, _, _, strips = _weight(n, k, seed=7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 10
+    for name, extra in (("vnni", []), ("bw", ["-mno-avx512vnni"])):
+        path = tmp_path / f"{name}.so"
+        subprocess.run([shutil.which("cc"), *cpu_native._FLAGS, *extra, "-o", str(path), str(_KERNEL)], check=True,
+                       capture_output=True, timeout=120)
+        lib = ctypes.CDLL(str(path))
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.kvserve_grid_i4_q8_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
+        out = torch.full((m, n), float("nan"))
+        assert lib.kvserve_grid_i4_q8_f32(x.data_ptr(), k, m, k, strips.data_ptr(), n, None, out.data_ptr(), n, 2) == 0
+        outs.append(out.view(torch.int32))
+    assert torch.equal(*outs)
