@@ -23,7 +23,7 @@
 /* A strip's block: the 4 outputs' 16 code bytes (GRID_I4's), then their 4 scales and 4 zeros as bfloat16 (the
  * values int4 rounds them to: 16 bytes fewer than float32's, a sixth of a step's reads). */
 #define KVSERVE_I8DOT_BLOCK_BYTES (KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * 4)
-#define KVSERVE_I8DOT_MAX_ROWS 4 /* rows per pass over a strip */
+#define KVSERVE_I8DOT_MAX_ROWS 8 /* rows per pass over a strip */
 #define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -124,7 +124,11 @@ static void strip_rows(int rows, const quantized_row *q, int64_t k, const uint8_
     case 1: strip_pass(1, q, k, strip, bias, out, out_stride, width); break;
     case 2: strip_pass(2, q, k, strip, bias, out, out_stride, width); break;
     case 3: strip_pass(3, q, k, strip, bias, out, out_stride, width); break;
-    default: strip_pass(4, q, k, strip, bias, out, out_stride, width); break;
+    case 4: strip_pass(4, q, k, strip, bias, out, out_stride, width); break;
+    case 5: strip_pass(5, q, k, strip, bias, out, out_stride, width); break;
+    case 6: strip_pass(6, q, k, strip, bias, out, out_stride, width); break;
+    case 7: strip_pass(7, q, k, strip, bias, out, out_stride, width); break;
+    default: strip_pass(8, q, k, strip, bias, out, out_stride, width); break;
     }
 }
 #endif

@@ -43,11 +43,13 @@ _ACT_DTYPE = torch.bfloat16
 
 
 def _strips_kind() -> int:
-    """The int4 strips' kind: where the machine has integer dot products (AVX-512 BW), INT4_Q8, whose
-    few-row steps multiply the codes with activations quantized to int8 per block of 32, as
-    llama.cpp's Q4 x Q8 dot does (kernels/cpu_grid_int8_dot.c: 0.8x the float32 strips' time for a
-    batch-1 step's projections); else INT4, float32 activations. KVSERVE_CPU_INT8_DOT=0 keeps INT4
-    (A/B measurements)."""
+    """The int4 strips' kind: where the machine has integer dot products (AVX-512 BW), INT4_Q8, which
+    multiplies the codes with activations quantized to int8 per block of 32, as llama.cpp's Q4 x Q8
+    dot does (kernels/cpu_grid_int8_dot.c), and then serves every row count; else INT4, float32
+    activations, up to 4 rows (the tiles take more). One step's projections on SmolLM2's shapes
+    (`linear_ab.py --int4`, Zen 4, 2 threads), ms, float32 strips / tiles / int8 strips: 1 row
+    5.1 / 7.2 / 3.5, 4 rows 9.4 / 9.8 / 6.9, 16 rows 31.2 / 27.0 / 19.8, 64 rows 126 / 101 / 73,
+    128 rows 245 / 198 / 145. KVSERVE_CPU_INT8_DOT=0 keeps INT4 (A/B measurements)."""
     if os.environ.get("KVSERVE_CPU_INT8_DOT", "1") != "0" and cpu_native.int8_dot_available():
         return grid_weights.INT4_Q8
     return grid_weights.INT4
@@ -103,20 +105,24 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group_size = group_size
         self.out_features, self.in_features = out_features, in_features
-        # The native kernel's copy (None without it, or for another group size): the same codes,
-        # scales and zeros, so it computes the same dequantized weight.
-        self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
-                       if group_size == cpu_native.INT4_GROUP else None)
-        # Below INT4_NATIVE_MIN_ROWS the same codes in the grid kernel's strips (a row of a decode
-        # step, a speculative step's few rows): each code widened once for all rows, where the
-        # tiles' unpacking is not shared by enough rows. The same weight values as the tiles'.
+        native_group = group_size == cpu_native.INT4_GROUP
         self.strip_kind = _strips_kind()
+        # With int8 activations the strips serve every row count (faster than the tiles from 1 to 128
+        # rows: _strips_kind), so the tiles are not kept as well.
+        int8_activations = native_group and self.strip_kind == grid_weights.INT4_Q8
+        # The native tiles (None without them, or for another group size): the same codes, scales
+        # and zeros, so they compute the same dequantized weight.
+        self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
+                       if native_group and not int8_activations else None)
+        # Else below INT4_NATIVE_MIN_ROWS the same codes in the grid kernel's strips (a row of a
+        # decode step, a speculative step's few rows): each code widened once for all rows, where
+        # the tiles' unpacking is not shared by enough rows. The same weight values as the tiles'.
         self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
-                       if self.native is not None else None)
+                       if int8_activations or self.native is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dim() == 2 and x.dtype == torch.float32:
-            if x.shape[0] >= INT4_NATIVE_MIN_ROWS:
+        if self.strips is not None and x.dim() == 2 and x.dtype == torch.float32:
+            if self.native is not None and x.shape[0] >= INT4_NATIVE_MIN_ROWS:
                 y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
             else:
                 y = cpu_native.grid_linear_strips(x, self.strips, self.strip_kind, self.out_features, self.bias)

@@ -1,6 +1,6 @@
 """Where a decode step's time goes outside the native kernels: the Python share of a step.
 
-    .venv/bin/python loadtests/studies/step_overhead.py --model DIR [--batch 1] [--context 256] [--rounds 4]
+    .venv/bin/python loadtests/studies/step_overhead.py --model DIR [--batch 1] [--context 256] [--rounds 4] [--quantization int4]
 
 Each round prefills `--batch` prompts of `--context` random tokens, then times the
 128 decode steps that follow (greedy, ignore_eos). It reports, per step, the wall
@@ -44,8 +44,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
     args = p.parse_args()
-    llm = LLM(model=args.model, dtype="float32", max_num_seqs=max(args.batch, 1))
+    llm = LLM(model=args.model, dtype="float32", max_num_seqs=max(args.batch, 1), quantization=args.quantization)
     engine = llm.engine
     spent: dict[str, float] = defaultdict(float)
     cpu_native.decode_step = _timed(spent, "native step", cpu_native.decode_step)

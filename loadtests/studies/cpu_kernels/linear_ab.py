@@ -10,7 +10,8 @@ oneDNN then the native kernel at every row count; prints ms per step and their
 ratio. With --int8 the weights are `--quantization int8`'s codes and the baseline
 is torch's `_weight_int8pack_mm` (bfloat16 activations, as quantize.py runs it
 without the native kernel); --int4 likewise against `_weight_int4pack_mm_for_cpu`, with the
-int4 codes in the grid kernel's strips as a third side. With --grid the
+int4 codes in the grid kernel's strips as a third side, and where the machine has them the
+strips with int8 activations (kernels/cpu_grid_int8_dot.c) as a fourth. With --grid the
 float32 weights lie on GGUF's grids (Q4_1 in the layers, Q8_0 in the logits projection, as
 SmolLM2's GGUF), the baseline is the native float32 kernel and the other sides
 kernels/cpu_grid_linear.c's strips and cpu_linear.c's grid tiles over their codes. One-off measurement, not installed.
@@ -18,6 +19,7 @@ kernels/cpu_grid_linear.c's strips and cpu_linear.c's grid tiles over their code
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -77,6 +79,7 @@ def main() -> None:
         raise SystemExit("the native linear kernel does not run here (no C compiler or no AVX-512)")
     shapes, weights = _weights(args.layers, args.hidden, args.intermediate, args.qkv_out, args.vocab)
     outs = [[w.shape[0] for w in layer] for layer in weights]
+    dot_strips = None
     if args.grid:
         weights = _on_grids(weights)
         dense = [[cpu_native.pack_linear(w) for w in layer] for layer in weights]
@@ -96,6 +99,12 @@ def main() -> None:
         else:
             native = [[(w, "int4") for w in layer] for layer in native]
             strips = [[q.strips for q in layer] for layer in quantized]
+            kinds = {q.strip_kind for layer in quantized for q in layer}
+            if kinds == {grid_weights.INT4_Q8}:  # the int8-activation strips; the float32 ones as well
+                os.environ["KVSERVE_CPU_INT8_DOT"] = "0"
+                float_strips = [[Int4Linear(w, None).strips for w in layer] for layer in weights]
+                del os.environ["KVSERVE_CPU_INT8_DOT"]
+                strips, dot_strips = float_strips, strips
     else:
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
         baseline = [[(lambda x, d=d: torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")) for d in layer]
@@ -110,6 +119,8 @@ def main() -> None:
                     base(x)
                 elif kind == "tiles" and args.int4:
                     cpu_native.grid_linear_strips(x, strips[layer][i], grid_weights.INT4, out, None)
+                elif kind == "dot":
+                    cpu_native.grid_linear_strips(x, dot_strips[layer][i], grid_weights.INT4_Q8, out, None)
                 elif kind == "tiles":
                     cpu_native.linear_grid(x, codes.tiles, codes.kind, out, None)
                 elif scales == "grid":
@@ -124,7 +135,8 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k) for _, k in shapes]
             reps = 10 if rows <= 64 else 3
-            for kind in ("baseline", "native", "tiles") if args.grid or args.int4 else ("baseline", "native"):
+            sides = ("baseline", "native", "tiles") if args.grid or args.int4 else ("baseline", "native")
+            for kind in sides + (("dot",) if dot_strips else ()):
                 step(kind, xs)
                 started = time.perf_counter()
                 for _ in range(reps):
@@ -140,6 +152,9 @@ def main() -> None:
             c = statistics.median(r["tiles"])
             label = "int4 strips" if args.int4 else "grid tiles"
             line += f"  {label} {c:8.1f}  {name}/{label.split()[1]} {a / c:5.2f}"
+        if dot_strips:
+            d = statistics.median(r["dot"])
+            line += f"  int4 strips int8 x {d:8.1f}  {name}/int8 x {a / d:5.2f}"
         print(line)
 
 

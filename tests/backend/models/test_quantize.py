@@ -46,16 +46,15 @@ def test_int4_linear_is_exact_on_a_weight_it_can_represent():
     w = (lo + codes.view(out_f, in_f // 32, 32) * step).view(out_f, in_f)
     layer = Int4Linear(w, None)
     x = torch.randn(6, in_f, generator=gen)
-    if layer.native is None:
+    if layer.strips is None:
         torch.testing.assert_close(layer(x[:3]), _bf16_matmul(x[:3], w), atol=0.05, rtol=0.01)
         return
-    torch.testing.assert_close(layer(x), x @ w.T, atol=1e-4, rtol=1e-5)  # from 5 rows: the tiles, float32
-    few = layer(x[:3])  # the strips
-    if layer.strip_kind == grid_weights.INT4_Q8:  # activations rounded to int8: the kernel's own arithmetic
-        want = int8_dot_reference(x[:3], codes, step.view(out_f, -1), (lo + 8 * step).view(out_f, -1))
-        torch.testing.assert_close(few.double(), want, atol=1e-4, rtol=1e-5)
-    else:
-        torch.testing.assert_close(few, x[:3] @ w.T, atol=1e-4, rtol=1e-5)
+    for rows in (3, 6):  # the strips; from 5 rows the tiles, unless the strips take int8 activations
+        if layer.strip_kind == grid_weights.INT4_Q8:  # then the strips take every row: the kernel's arithmetic
+            want = int8_dot_reference(x[:rows], codes, step.view(out_f, -1), (lo + 8 * step).view(out_f, -1))
+            torch.testing.assert_close(layer(x[:rows]).double(), want, atol=1e-4, rtol=1e-5)
+        else:
+            torch.testing.assert_close(layer(x[:rows]), x[:rows] @ w.T, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None, reason="no native CPU kernels here")
