@@ -1,15 +1,28 @@
-/* `--quantization int4`'s few-row steps with integer dot products: the int4 strips (the layout of
- * cpu_grid_linear.c's GRID_I4, w = (q - 8) * s + z per block of 32 inputs) times activations
- * quantized to int8 per block of 32, as llama.cpp multiplies its Q4 weights with Q8 activations.
+/* `--quantization int4` with integer dot products: 4-bit codes in strips of 4 outputs (the layout
+ * of cpu_grid_linear.c) times activations quantized to int8 per block of 32, as llama.cpp
+ * multiplies its Q4 weights with Q8 activations.
  *
  * Why: at one row cpu_grid_linear.c's float strips spend ~7 vector instructions on every 32 weights
  * of an output (widen the codes, look each value up in a 16-entry table, two FMAs), and a batch-1
  * step of SmolLM2 waits on those instructions, not on memory. Here 4 outputs' 128 codes take ~10:
  * the 64 code bytes split into low and high nibbles, two vpdpbusd (64 byte products each, summed
- * four at a time into int32), one conversion and two float operations for the block's scale.
+ * four at a time into int32), one conversion and two float operations for the block's scale. Each
+ * further row adds the last five, so up to 8 rows share a pass over a strip, and the kernel beats
+ * the float32 int4 tiles at every row count measured (1-128: backend/models/quantize.py).
+ *
+ * Two layouts of the same 4 x 16 code bytes per block:
+ * - GRID_I4_Q8, int4's codes: w = (q - 8) * s + z, s and z as bfloat16 (the values int4 rounds them
+ *   to: 16 bytes fewer than float32's, a sixth of a step's reads);
+ * - GRID_Q4_Q8, the grid codes of a weight on GGUF's Q4 grids (cpu_grid_linear.c's GRID_Q4 strips,
+ *   float32 d and m): w = q * d + m, so `--quantization int4` on a Q4_1 or Q4_K file keeps the
+ *   file's own weights instead of rounding them again.
  *
  * The arithmetic, per row, block g and output o (xs, xq: the row's block scale and int8 codes):
- *   sum_j w_j x_j  ~  s * xs * (sum_j q_j xq_j - 8 sum_j xq_j)  +  z * sum_j x_j
+ *   GRID_I4_Q8:  sum_j w_j x_j  ~  s * xs * (sum_j q_j xq_j - 8 sum_j xq_j)  +  z * sum_j x_j
+ *   GRID_Q4_Q8:  sum_j w_j x_j  ~  d * [xs * (sum_j q_j xq_j - 8 sum_j xq_j) + 8 sum_j x_j]  +  m * sum_j x_j
+ * In both the rounded activations meet the codes centred on 8, d * (q - 8): uncentred (q in 0..15)
+ * their rounding errors would add up twice as far (a trial on SmolLM2's Q4_1 codes, its logits
+ * projection then rounded to int4 as well: +6.1 % perplexity uncentred, +3.9 % centred).
  * The zero's term uses the float32 sum of x, not the codes. The integer sums are exact, so the
  * AVX-512 VNNI and AVX-512 BW (vpmaddubsw + vpmaddwd) paths give the same bits. Activations are
  * rounded to 8 bits per block (|x| / max|x| * 127): this mode's accuracy cost grows by that
@@ -20,9 +33,12 @@
 
 #define KVSERVE_I8DOT_GROUP 32
 #define KVSERVE_I8DOT_OUTS 4
-/* A strip's block: the 4 outputs' 16 code bytes (GRID_I4's), then their 4 scales and 4 zeros as bfloat16 (the
- * values int4 rounds them to: 16 bytes fewer than float32's, a sixth of a step's reads). */
-#define KVSERVE_I8DOT_BLOCK_BYTES (KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * 4)
+enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5 }; /* grid_weights.py's INT4_Q8, Q4_Q8 */
+
+/* A strip's block: the 4 outputs' 16 code bytes, then their 4 scales and 4 zeros (bfloat16 or float32). */
+static inline int64_t block_bytes(int format) {
+    return KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * (format == GRID_I4_Q8 ? 4 : 8);
+}
 #define KVSERVE_I8DOT_MAX_ROWS 8 /* rows per pass over a strip */
 #define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
 
@@ -33,11 +49,11 @@
 typedef struct {
     int8_t *codes;     /* [k] */
     float *scale;      /* [k / 32]: max |x| / 127 */
-    float *code_term;  /* [k / 32]: -8 * scale * sum of the codes (the weights' -8 offset) */
+    float *code_term;  /* [k / 32]: the scale's factor besides the codes' dot: -8 * xs * sum(xq) (+ 8 * sum(x), Q4) */
     float *sum;        /* [k / 32]: the float32 sum of x (the weights' zero term) */
 } quantized_row;
 
-static void quantize_row(const float *x, int64_t k, quantized_row q) {
+static void quantize_row(const float *x, int64_t k, int format, quantized_row q) {
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
         const float *xg = x + g * KVSERVE_I8DOT_GROUP;
         const __m512 lo = _mm512_loadu_ps(xg), hi = _mm512_loadu_ps(xg + 16);
@@ -53,8 +69,8 @@ static void quantize_row(const float *x, int64_t k, quantized_row q) {
                                                      _mm512_max_epi32(_mm512_min_epi32(q_hi, _mm512_set1_epi32(127)),
                                                                       _mm512_set1_epi32(-128))));
         q.scale[g] = scale;
-        q.code_term[g] = -8.0f * scale * (float)code_sum;
         q.sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+        q.code_term[g] = -8.0f * scale * (float)code_sum + (format == GRID_Q4_Q8 ? 8.0f * q.sum[g] : 0.0f);
     }
 }
 
@@ -73,8 +89,9 @@ static inline __attribute__((always_inline)) __m128 bf16x4(const uint8_t *p) {
     return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16));
 }
 
-/* ROWS rows times one strip of 4 outputs. */
-static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const quantized_row *rows, int64_t k,
+/* ROWS rows times one strip of 4 outputs in FORMAT. */
+static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const int FORMAT,
+                                                             const quantized_row *rows, int64_t k,
                                                              const uint8_t *strip, const float *bias, float *out,
                                                              int64_t out_stride, int width) {
     __m512 acc[KVSERVE_I8DOT_MAX_ROWS];
@@ -87,14 +104,16 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     const __m512i by_output = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
-        const uint8_t *blk = strip + g * KVSERVE_I8DOT_BLOCK_BYTES;
+        const uint8_t *blk = strip + g * block_bytes(FORMAT);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
         /* 4 outputs x 16 bytes: inputs 0-15 in the low nibbles, 16-31 in the high ones. */
         const __m512i codes = _mm512_loadu_si512(blk);
         const __m512i low = _mm512_and_si512(codes, nibble);
         const __m512i high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
-        const __m128 s = bf16x4(blk + KVSERVE_I8DOT_OUTS * 16), z = bf16x4(blk + KVSERVE_I8DOT_OUTS * 16 + 8);
+        const uint8_t *constants = blk + KVSERVE_I8DOT_OUTS * 16;
+        const __m128 s = FORMAT == GRID_I4_Q8 ? bf16x4(constants) : _mm_loadu_ps((const float *)constants);
+        const __m128 z = FORMAT == GRID_I4_Q8 ? bf16x4(constants + 8) : _mm_loadu_ps((const float *)constants + 4);
         const __m512 s_lanes = _mm512_permutexvar_ps(by_output, _mm512_castps128_ps512(s));
         for (int r = 0; r < ROWS; r++) {
             const int8_t *xq = rows[r].codes + g * KVSERVE_I8DOT_GROUP;
@@ -118,17 +137,22 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     }
 }
 
-static void strip_rows(int rows, const quantized_row *q, int64_t k, const uint8_t *strip, const float *bias,
-                       float *out, int64_t out_stride, int width) {
-    switch (rows) {
-    case 1: strip_pass(1, q, k, strip, bias, out, out_stride, width); break;
-    case 2: strip_pass(2, q, k, strip, bias, out, out_stride, width); break;
-    case 3: strip_pass(3, q, k, strip, bias, out, out_stride, width); break;
-    case 4: strip_pass(4, q, k, strip, bias, out, out_stride, width); break;
-    case 5: strip_pass(5, q, k, strip, bias, out, out_stride, width); break;
-    case 6: strip_pass(6, q, k, strip, bias, out, out_stride, width); break;
-    case 7: strip_pass(7, q, k, strip, bias, out, out_stride, width); break;
-    default: strip_pass(8, q, k, strip, bias, out, out_stride, width); break;
+#define KVSERVE_I8DOT_ROWS_CASE(n, format) \
+    case n: strip_pass(n, format, q, k, strip, bias, out, out_stride, width); break;
+#define KVSERVE_I8DOT_ROWS(format)                                                                    \
+    switch (rows) {                                                                                   \
+        KVSERVE_I8DOT_ROWS_CASE(1, format) KVSERVE_I8DOT_ROWS_CASE(2, format)                         \
+        KVSERVE_I8DOT_ROWS_CASE(3, format) KVSERVE_I8DOT_ROWS_CASE(4, format)                         \
+        KVSERVE_I8DOT_ROWS_CASE(5, format) KVSERVE_I8DOT_ROWS_CASE(6, format)                         \
+        KVSERVE_I8DOT_ROWS_CASE(7, format) default: strip_pass(8, format, q, k, strip, bias, out, out_stride, width); \
+    }
+
+static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, const uint8_t *strip,
+                       const float *bias, float *out, int64_t out_stride, int width) {
+    if (format == GRID_I4_Q8) {
+        KVSERVE_I8DOT_ROWS(GRID_I4_Q8)
+    } else {
+        KVSERVE_I8DOT_ROWS(GRID_Q4_Q8)
     }
 }
 #endif
@@ -142,13 +166,15 @@ int kvserve_grid_int8_dot_available(void) {
 #endif
 }
 
-/* out [m][n] = x [m][k] times the int4 strips `packed` (the layout above), with x quantized to int8
- * per block of 32 as above, plus bias [n] when given. Returns nonzero where this build cannot run it,
- * k is not a multiple of 32, or memory for the quantized rows is short. */
-int kvserve_grid_i4_q8_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int64_t n,
-                           const float *bias, float *out, int64_t out_stride, int num_threads) {
+/* out [m][n] = x [m][k] times the strips `packed` in `format` (GRID_I4_Q8 or GRID_Q4_Q8, above),
+ * with x quantized to int8 per block of 32, plus bias [n] when given. Returns nonzero where this
+ * build cannot run it, the format is another, k is not a multiple of 32, or memory for the quantized
+ * rows is short. */
+int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
+                              int format, int64_t n, const float *bias, float *out, int64_t out_stride,
+                              int num_threads) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (k % KVSERVE_I8DOT_GROUP || m < 0) return 3;
+    if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8) || k % KVSERVE_I8DOT_GROUP || m < 0) return 3;
     const int64_t groups = k / KVSERVE_I8DOT_GROUP;
     char *scratch = malloc((size_t)(m * k + 3 * m * groups * (int64_t)sizeof(float) + 1));
     if (!scratch) return 5;
@@ -162,17 +188,17 @@ int kvserve_grid_i4_q8_f32(const float *x, int64_t x_stride, int64_t m, int64_t 
     for (int64_t r = 0; r < m; r++) {
         q[r] = (quantized_row){codes + r * k, floats + r * groups, floats + (m + r) * groups,
                                floats + (2 * m + r) * groups};
-        quantize_row(x + r * x_stride, k, q[r]);
+        quantize_row(x + r * x_stride, k, format, q[r]);
     }
     const int64_t strips = (n + KVSERVE_I8DOT_OUTS - 1) / KVSERVE_I8DOT_OUTS;
-    const int64_t strip_bytes = groups * KVSERVE_I8DOT_BLOCK_BYTES;
+    const int64_t strip_bytes = groups * block_bytes(format);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t s = 0; s < strips; s++) {
         const int64_t col = s * KVSERVE_I8DOT_OUTS;
         const int width = n - col < KVSERVE_I8DOT_OUTS ? (int)(n - col) : KVSERVE_I8DOT_OUTS;
         for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_I8DOT_MAX_ROWS) {
             const int rows = m - r0 < KVSERVE_I8DOT_MAX_ROWS ? (int)(m - r0) : KVSERVE_I8DOT_MAX_ROWS;
-            strip_rows(rows, q + r0, k, packed + s * strip_bytes, bias ? bias + col : 0, out + r0 * out_stride + col,
+            strip_rows(rows, format, q + r0, k, packed + s * strip_bytes, bias ? bias + col : 0, out + r0 * out_stride + col,
                        out_stride, width);
         }
     }
@@ -180,8 +206,8 @@ int kvserve_grid_i4_q8_f32(const float *x, int64_t x_stride, int64_t m, int64_t 
     free(scratch);
     return 0;
 #else
-    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)n; (void)bias; (void)out; (void)out_stride;
-    (void)num_threads;
+    (void)x; (void)x_stride; (void)m; (void)k; (void)packed; (void)format; (void)n; (void)bias; (void)out;
+    (void)out_stride; (void)num_threads;
     return 1;
 #endif
 }

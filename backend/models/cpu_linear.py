@@ -61,7 +61,8 @@ class PackedLinear(nn.Module):
     prefill-sized and which fuses an activation into oneDNN's product)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 codes: gguf_codes.BlockCodes | None = None, few_rows: bool = False, keep_onednn: bool = False) -> None:
+                 codes: gguf_codes.BlockCodes | None = None, few_rows: bool = False, keep_onednn: bool = False,
+                 grid: grid_weights.GridWeight | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
@@ -69,8 +70,8 @@ class PackedLinear(nn.Module):
         # where the weight is on a grid (the GGUF file's own codes where the loader read them),
         # else the float32 tiles.
         runs = cpu_native.linear_available()
-        self.grid = None
-        if runs and os.environ.get("KVSERVE_CPU_GRID", "1") != "0":
+        self.grid = grid  # where the caller found it already
+        if runs and grid is None and os.environ.get("KVSERVE_CPU_GRID", "1") != "0":
             self.grid = grid_weights.from_codes(codes, weight) if codes is not None else None
             self.grid = self.grid or grid_weights.find_grid(weight)
         self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None

@@ -11,10 +11,12 @@ stays as loaded, since a step reads only the rows of its tokens).
   torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/cpu_kernels/linear_ab.py
   --int8); elsewhere `aten._weight_int8pack_mm`.
 - int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
-  size), the tinygemm convention w = (q - 8) * scale + zero. From 5 rows up the
-  native tile kernel runs it on float32 activations (1.45x torch's at 8 rows, 1.4x
-  at 16, 1.2x at 1,024), up to 4 rows the grid kernel's strips over the same codes;
-  machines without them take `aten._weight_int4pack_mm_for_cpu`.
+  size), the tinygemm convention w = (q - 8) * scale + zero. With AVX-512 BW the
+  grid kernel's strips run it at every row count on activations rounded to int8 per
+  block of 32 (kernels/cpu_grid_int8_dot.c, 1.5-2x torch's kernel from 1 to 128 rows);
+  else from 5 rows up the native tile kernel on float32 activations (1.45x torch's
+  at 8 rows, 1.4x at 16, 1.2x at 1,024), up to 4 rows the float32 strips over the
+  same codes; machines without either take `aten._weight_int4pack_mm_for_cpu`.
 
 Torch's kernels are fast only with bfloat16 activations (with float32 ones torch
 falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS
+from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, PackedLinear
 from kvserve.kernels import cpu_native
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
@@ -86,7 +88,8 @@ class Int8Linear(nn.Module):
 
 class Int4Linear(nn.Module):
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE,
+                 grid: grid_weights.GridWeight | None = None) -> None:
         super().__init__()
         out_features, in_features = weight.shape
         if in_features % group_size:
@@ -114,14 +117,21 @@ class Int4Linear(nn.Module):
         # and zeros, so they compute the same dequantized weight.
         self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
                        if native_group and not int8_activations else None)
-        # Else below INT4_NATIVE_MIN_ROWS the same codes in the grid kernel's strips (a row of a
-        # decode step, a speculative step's few rows): each code widened once for all rows, where
-        # the tiles' unpacking is not shared by enough rows. The same weight values as the tiles'.
-        self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
-                       if int8_activations or self.native is not None else None)
+        # `grid`: the weight's own 4-bit codes on GGUF's Q4 grids (int4_linear), kept for the strips
+        # instead of the codes above (which torch's fallback keeps).
+        if grid is not None and int8_activations and grid.kind == grid_weights.Q4:
+            self.strips, self.strip_kind = grid.strips, grid_weights.Q4_Q8
+        else:
+            # int4's codes in the grid kernel's strips: with int8 activations for every row count; with
+            # float32 ones below INT4_NATIVE_MIN_ROWS (a row of a decode step, a speculative step's few
+            # rows), where the tiles' unpacking is not shared by enough rows.
+            self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
+                           if int8_activations or self.native is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.strips is not None and x.dim() == 2 and x.dtype == torch.float32:
+        if self.strips is not None and x.dtype == torch.float32 and (x.dim() != 2 or not x.is_contiguous()):
+            return self(x.reshape(-1, self.in_features).contiguous()).view(*x.shape[:-1], self.out_features)
+        if self.strips is not None and x.dtype == torch.float32:
             if self.native is not None and x.shape[0] >= INT4_NATIVE_MIN_ROWS:
                 y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
             else:
@@ -137,8 +147,26 @@ class Int4Linear(nn.Module):
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-def _quantized(mode: str, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    return Int8Linear(weight, bias) if mode == "int8" else Int4Linear(weight, bias)
+def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False) -> nn.Module:
+    """`--quantization int4`'s layer for `weight`. A weight that a GGUF file quantized already (its float32
+    values on one of GGUF's block grids: grid_weights.py) keeps its own codes, exact, as llama.cpp runs
+    a file's own types: 4-bit ones on the int8-activation strips (Int4Linear's Q4_Q8), 8-bit ones (and
+    4-bit ones where those strips do not run) on the grid kernels as without --quantization
+    (cpu_linear.PackedLinear; `few_rows`: the logits projection). Rounding them to int4 again moved
+    SmolLM2's Q4_1 file far more than int8 activations do: +3.5 % perplexity from its Q8_0 logits
+    projection alone, against +0.5 % from the int8 activations of its layers (BENCHMARKS.md §7,
+    nineteenth point). Other weights are rounded to int4."""
+    grid = (grid_weights.find_grid(weight)
+            if cpu_native.linear_available() and os.environ.get("KVSERVE_CPU_GRID", "1") != "0" else None)
+    if grid is None:
+        return Int4Linear(weight, bias)
+    if grid.kind == grid_weights.Q4 and _strips_kind() == grid_weights.INT4_Q8:
+        return Int4Linear(weight, bias, grid=grid)
+    return PackedLinear(weight, bias, few_rows=few_rows, grid=grid)
+
+
+def _quantized(mode: str, weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False) -> nn.Module:
+    return Int8Linear(weight, bias) if mode == "int8" else int4_linear(weight, bias, few_rows)
 
 
 def quantize_model(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
@@ -155,7 +183,7 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device) -> nn.Modu
                 linear = getattr(layer, name)
                 setattr(layer, name, _quantized(mode, linear.weight, linear.bias))
         weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head
-        model.logits_proj = _quantized(mode, weight, None)
+        model.logits_proj = _quantized(mode, weight, None, few_rows=True)
         if model.lm_head is not None:  # untied: the float copy is never read again
             model.lm_head = None
     return model

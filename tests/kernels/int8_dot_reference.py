@@ -1,4 +1,4 @@
-"""The arithmetic of kernels/cpu_grid_int8_dot.c in torch, for its tests: int4 codes times
+"""The arithmetic of kernels/cpu_grid_int8_dot.c in torch, for its tests: 4-bit codes times
 activations rounded to int8 per block of 32, summed in float64."""
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.double(), (amax / 127).double()
 
 
-def int8_dot_reference(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """x [M, K] times the int4 weight (codes [N, K] in 0..15, scale and zero [N, K / 32]:
-    w = (q - 8) * scale + zero) as the kernel computes it, in float64: per block,
-    scale * xs * sum((q - 8) * xq) + zero * sum(x)."""
+def int8_dot_reference(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                       offset: int = 8) -> torch.Tensor:
+    """x [M, K] times the 4-bit weight (codes [N, K] in 0..15, scale and zero [N, K / 32]:
+    w = (q - offset) * scale + zero; int4's offset is 8, GGUF's Q4 grids' 0) as the kernel computes
+    it, in float64: the codes centred on 8 meet the rounded activations, the rest the float32 sums,
+    so per block scale * xs * sum((q - 8) * xq) + (zero + (8 - offset) * scale) * sum(x)."""
     m, k = x.shape
     xq, xs = quantized_activations(x)
+    zero = zero.double() + (8 - offset) * scale.double()
     q = codes.view(-1, k // 32, 32).double() - 8
     dots = torch.einsum("mgj,ngj->mng", xq, q)
     sums = x.view(m, k // 32, 32).double().sum(-1)

@@ -1,7 +1,8 @@
-"""`--quantization int4`'s few-row kernel with int8 activations (kernels/cpu_grid_int8_dot.c): it is
-the product its doc states (activations rounded to int8 per block of 32, the integer sums exact),
-a row's result depends on nothing beside it, and its two instruction paths (VNNI and AVX-512 BW)
-give the same bits."""
+"""`--quantization int4`'s kernel with int8 activations (kernels/cpu_grid_int8_dot.c): over int4's
+codes and over GGUF's Q4 grid codes it is the product its doc states (activations rounded to int8
+per block of 32, the integer sums exact), a row's result depends on nothing beside it, and its two
+instruction paths (VNNI and AVX-512 BW) give the same bits. An int4 layer keeps a Q4 weight's own
+codes."""
 from __future__ import annotations
 
 import ctypes
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from kvserve.backend.models import grid_weights
+from kvserve.backend.models.cpu_linear import PackedLinear
+from kvserve.backend.models.quantize import Int4Linear, int4_linear
 from kvserve.kernels import cpu_native
 from tests.kernels.int8_dot_reference import int8_dot_reference
 
@@ -42,6 +45,50 @@ def test_the_product_is_the_int8_activation_arithmetic(n, k, m):
     got = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, bias)
     want = int8_dot_reference(x, codes, scale, zero) + bias.double()
     torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+def _q4_weight(n: int, k: int, seed: int):
+    """A float32 weight on GGUF's Q4_1 grid (d * q + m per block of 32, d and m float16 values, every
+    block's codes spanning 0..15) with its codes and constants."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    codes[:, ::32], codes[:, 1::32] = 0, 15
+    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half().float()
+    m = (-torch.rand(n, k // 32, generator=g) * 0.08).half().float()
+    weight = (codes.view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k)
+    return weight, codes, d, m
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 11])
+def test_q4_grid_codes_times_int8_activations(m):
+    n, k = 37, 192
+    weight, codes, d, low = _q4_weight(n, k, seed=m)
+    grid = grid_weights.find_grid(weight)
+    assert grid is not None and grid.kind == grid_weights.Q4
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(9))
+    got = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q4_Q8, n, None)
+    want = int8_dot_reference(x, codes, d, low, offset=0)
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+def test_int4_keeps_a_gguf_weights_own_codes():
+    weight, codes, d, low = _q4_weight(64, 128, seed=10)
+    layer = int4_linear(weight, None)
+    assert isinstance(layer, Int4Linear) and layer.strip_kind == grid_weights.Q4_Q8 and layer.native is None
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(11))
+    torch.testing.assert_close(layer(x).double(), int8_dot_reference(x, codes, d, low, offset=0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer(x[None]), layer(x)[None])  # any leading shape
+    # An 8-bit grid (Q8_0's d * q) keeps its codes on the exact grid kernels, as without --quantization.
+    g = torch.Generator().manual_seed(13)
+    q8 = torch.randint(-127, 128, (64, 128), generator=g).float()
+    q8[:, ::32] = 127
+    q8_weight = (q8.view(64, -1, 32) * (torch.rand(64, 4, 1, generator=g) * 0.01).half().float()).view(64, 128)
+    kept = int4_linear(q8_weight, None, few_rows=True)
+    assert isinstance(kept, PackedLinear) and kept.grid is not None and kept.grid.kind == grid_weights.Q8
+    torch.testing.assert_close(kept(x), x @ q8_weight.T, atol=1e-5, rtol=1e-5)
+    # A weight on no grid is rounded to int4 as before.
+    other = int4_linear(weight * (1 + 2 ** -18), None)
+    assert isinstance(other, Int4Linear) and other.strip_kind == grid_weights.INT4_Q8
 
 
 def test_the_rounding_costs_what_8_bit_activations_cost():
@@ -95,14 +142,18 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
     n, k, m = 67, 320, 4
     _, _, _, strips = _weight(n, k, seed=7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 10
+    q4_weight, *_ = _q4_weight(n, k, seed=12)
+    q4 = grid_weights.find_grid(q4_weight).strips
     for name, extra in (("vnni", []), ("bw", ["-mno-avx512vnni"])):
         path = tmp_path / f"{name}.so"
         subprocess.run([shutil.which("cc"), *cpu_native._FLAGS, *extra, "-o", str(path), str(_KERNEL)], check=True,
                        capture_output=True, timeout=120)
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.kvserve_grid_i4_q8_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
-        out = torch.full((m, n), float("nan"))
-        assert lib.kvserve_grid_i4_q8_f32(x.data_ptr(), k, m, k, strips.data_ptr(), n, None, out.data_ptr(), n, 2) == 0
+        lib.kvserve_grid_int8_dot_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
+        out = torch.full((2, m, n), float("nan"))
+        for i, (packed, kind) in enumerate(((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8))):
+            assert lib.kvserve_grid_int8_dot_f32(x.data_ptr(), k, m, k, packed.data_ptr(), kind, n, None,
+                                                 out[i].data_ptr(), n, 2) == 0
         outs.append(out.view(torch.int32))
     assert torch.equal(*outs)

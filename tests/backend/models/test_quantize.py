@@ -50,7 +50,10 @@ def test_int4_linear_is_exact_on_a_weight_it_can_represent():
         torch.testing.assert_close(layer(x[:3]), _bf16_matmul(x[:3], w), atol=0.05, rtol=0.01)
         return
     for rows in (3, 6):  # the strips; from 5 rows the tiles, unless the strips take int8 activations
-        if layer.strip_kind == grid_weights.INT4_Q8:  # then the strips take every row: the kernel's arithmetic
+        if layer.strip_kind == grid_weights.Q4_Q8:  # the weight lies on a Q4 grid: its own codes, int8 activations
+            want = int8_dot_reference(x[:rows], codes, step.view(out_f, -1), lo.view(out_f, -1), offset=0)
+            torch.testing.assert_close(layer(x[:rows]).double(), want, atol=1e-4, rtol=1e-5)
+        elif layer.strip_kind == grid_weights.INT4_Q8:  # then the strips take every row: the kernel's arithmetic
             want = int8_dot_reference(x[:rows], codes, step.view(out_f, -1), (lo + 8 * step).view(out_f, -1))
             torch.testing.assert_close(layer(x[:rows]).double(), want, atol=1e-4, rtol=1e-5)
         else:
