@@ -30,8 +30,8 @@ import os
 import torch
 from torch import nn
 
-from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, PackedLinear
+from kvserve.backend.models import gguf_codes, grid_weights
+from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, CodedEmbedding, PackedLinear
 from kvserve.kernels import cpu_native
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
@@ -147,7 +147,8 @@ class Int4Linear(nn.Module):
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False) -> nn.Module:
+def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False,
+                codes: gguf_codes.BlockCodes | None = None) -> nn.Module:
     """`--quantization int4`'s layer for `weight`. A weight that a GGUF file quantized already (its float32
     values on one of GGUF's block grids: grid_weights.py) keeps its own codes, exact, as llama.cpp runs
     a file's own types: 4-bit ones on the int8-activation strips (Int4Linear's Q4_Q8), 8-bit ones (and
@@ -155,9 +156,11 @@ def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool 
     (cpu_linear.PackedLinear; `few_rows`: the logits projection). Rounding them to int4 again moved
     SmolLM2's Q4_1 file far more than int8 activations do: +3.5 % perplexity from its Q8_0 logits
     projection alone, against +0.5 % from the int8 activations of its layers (BENCHMARKS.md §7,
-    nineteenth point). Other weights are rounded to int4."""
-    grid = (grid_weights.find_grid(weight)
-            if cpu_native.linear_available() and os.environ.get("KVSERVE_CPU_GRID", "1") != "0" else None)
+    nineteenth point). Other weights are rounded to int4. `codes`: the blocks the loader read for
+    this weight (a GGUF file), else its grid is searched for (a folder made from one)."""
+    grid = None
+    if cpu_native.linear_available() and os.environ.get("KVSERVE_CPU_GRID", "1") != "0":
+        grid = (grid_weights.from_codes(codes, weight) if codes is not None else None) or grid_weights.find_grid(weight)
     if grid is None:
         return Int4Linear(weight, bias)
     if grid.kind == grid_weights.Q4 and _strips_kind() == grid_weights.INT4_Q8:
@@ -165,16 +168,39 @@ def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool 
     return PackedLinear(weight, bias, few_rows=few_rows, grid=grid)
 
 
-def _quantized(mode: str, weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False) -> nn.Module:
-    return Int8Linear(weight, bias) if mode == "int8" else int4_linear(weight, bias, few_rows)
+def _quantized(mode: str, weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False,
+               codes: gguf_codes.BlockCodes | None = None) -> nn.Module:
+    return Int8Linear(weight, bias) if mode == "int8" else int4_linear(weight, bias, few_rows, codes)
 
 
-def quantize_model(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
-    """Replace the decoder's linear layers and its logits projection with `mode`'s; returns the model."""
+def quantize_model(model: nn.Module, mode: str, device: torch.device,
+                   block_codes: dict[str, gguf_codes.BlockCodes] | None = None) -> nn.Module:
+    """Replace the decoder's linear layers and its logits projection with `mode`'s; returns the model.
+    `block_codes`: the GGUF codes the loader read, by parameter name (consumed; int4 keeps them)."""
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization: must be one of {QUANTIZATION_MODES}, got {mode!r}")
     if mode == "none":
         return model
+    if device.type != "cpu":
+        raise ValueError(f"quantization: {mode!r} uses torch's CPU kernels; it is not available on {device.type}")
+    codes = block_codes if block_codes is not None else {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.layers):
+            for name in _LINEARS:
+                linear = getattr(layer, name)
+                setattr(layer, name, _quantized(mode, linear.weight, linear.bias,
+                                                codes=codes.pop(f"layers.{i}.{name}.weight", None)))
+        tied = model.lm_head is None
+        weight = model.embed_tokens.weight if tied else model.lm_head
+        model.logits_proj = _quantized(mode, weight, None, few_rows=True,
+                                       codes=codes.pop("embed_tokens.weight" if tied else "lm_head", None))
+        grid = getattr(model.logits_proj, "grid", None)
+        if tied and grid is not None:  # a tied table kept as its codes serves the lookup too, as unquantized
+            model.embed_tokens = CodedEmbedding(grid)
+        codes.clear()
+        if model.lm_head is not None:  # untied: the float copy is never read again
+            model.lm_head = None
+    return model
     if device.type != "cpu":
         raise ValueError(f"quantization: {mode!r} uses torch's CPU kernels; it is not available on {device.type}")
     with torch.no_grad():

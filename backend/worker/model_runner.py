@@ -117,10 +117,12 @@ class ModelRunner:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings ({arch.max_position_embeddings})")
         packs = wants_cpu_linear(self.device, self.dtype, config.quantization)
-        block_codes = {} if packs else None  # a GGUF file's codes, for the CPU's grid kernels
+        # A GGUF file's codes, for the CPU's grid kernels (and int4's, which keeps them).
+        keeps_codes = packs or (config.quantization == "int4" and self.dtype == torch.float32)
+        block_codes = {} if keeps_codes else None
         self.model, self.arch = load_model(config.model, self.dtype, self.device, self.max_model_len, block_codes,
                                            self.shard, model_group, self.stage)
-        quantize_model(self.model, config.quantization, self.device)
+        quantize_model(self.model, config.quantization, self.device, block_codes)
         if packs:
             pack_linears(self.model, block_codes)
         self.lora = self._wrap_lora()
