@@ -15,7 +15,9 @@
  *   to: 16 bytes fewer than float32's, a sixth of a step's reads);
  * - GRID_Q4_Q8, the grid codes of a weight on GGUF's Q4 grids (cpu_grid_linear.c's GRID_Q4 strips,
  *   float32 d and m): w = q * d + m, so `--quantization int4` on a Q4_1 or Q4_K file keeps the
- *   file's own weights instead of rounding them again.
+ *   file's own weights instead of rounding them again;
+ * - GRID_Q8_Q8, likewise GRID_Q8's strips (w = d * q, q in -127..127: Q8_0 and Q4_0's codes), whose
+ *   32 code bytes per output and block are signed (dot_s8_s8).
  *
  * The arithmetic, per row, block g and output o (xs, xq: the row's block scale and int8 codes):
  *   GRID_I4_Q8:  sum_j w_j x_j  ~  s * xs * (sum_j q_j xq_j - 8 sum_j xq_j)  +  z * sum_j x_j
@@ -33,11 +35,13 @@
 
 #define KVSERVE_I8DOT_GROUP 32
 #define KVSERVE_I8DOT_OUTS 4
-enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5 }; /* grid_weights.py's INT4_Q8, Q4_Q8 */
+enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5, GRID_Q8_Q8 = 9 }; /* grid_weights.py's INT4_Q8, Q4_Q8, Q8_Q8 */
 
-/* A strip's block: the 4 outputs' 16 code bytes, then their 4 scales and 4 zeros (bfloat16 or float32). */
+/* A strip's block: the 4 outputs' codes (16 bytes each, 32 for Q8), then their 4 scales (and 4
+ * zeros), bfloat16 for GRID_I4_Q8, else float32. */
 static inline int64_t block_bytes(int format) {
-    return KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * (format == GRID_I4_Q8 ? 4 : 8);
+    return format == GRID_Q8_Q8 ? KVSERVE_I8DOT_OUTS * 32 + KVSERVE_I8DOT_OUTS * 4
+                                : KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * (format == GRID_I4_Q8 ? 4 : 8);
 }
 #define KVSERVE_I8DOT_MAX_ROWS 8 /* rows per pass over a strip */
 #define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
@@ -147,9 +151,70 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
         KVSERVE_I8DOT_ROWS_CASE(7, format) default: strip_pass(8, format, q, k, strip, bias, out, out_stride, width); \
     }
 
+/* Per int32 lane, the sum of 4 products of signed 8-bit weight codes (-127..127) and activation codes.
+ * VNNI takes an unsigned first operand: (q + 128) times x, less 128 times x. Without it the signs
+ * move onto x, |q| times +-x by pairs (at most 2 * 127 * 128: no saturation). Exact either way. */
+static inline __attribute__((always_inline)) __m512i dot_s8_s8(__m512i codes, __m512i x) {
+#if defined(__AVX512VNNI__)
+    const __m512i offset = _mm512_set1_epi8((char)0x80);
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(codes, offset), x),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, x));
+#else
+    const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(codes), _mm512_setzero_si512(), x);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(codes), signed_x), _mm512_set1_epi16(1));
+#endif
+}
+
+/* ROWS rows times one strip of 4 outputs in GRID_Q8_Q8 (Q8's strips: w = d * q): two outputs' 32
+ * codes a vector, each lane 4 inputs of one output. */
+static inline __attribute__((always_inline)) void strip_pass_q8(const int ROWS, const quantized_row *rows, int64_t k,
+                                                                const uint8_t *strip, const float *bias, float *out,
+                                                                int64_t out_stride, int width) {
+    __m512 acc[2][KVSERVE_I8DOT_MAX_ROWS];
+    for (int r = 0; r < ROWS; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+    const __m512i first_two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i last_two = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
+        const uint8_t *blk = strip + g * block_bytes(GRID_Q8_Q8);
+        _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
+        _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 128, _MM_HINT_T0);
+        const __m512i codes[2] = {_mm512_loadu_si512(blk), _mm512_loadu_si512(blk + 64)};
+        const __m512 d = _mm512_castps128_ps512(_mm_loadu_ps((const float *)(blk + KVSERVE_I8DOT_OUTS * 32)));
+        const __m512 d_lanes[2] = {_mm512_permutexvar_ps(first_two, d), _mm512_permutexvar_ps(last_two, d)};
+        for (int r = 0; r < ROWS; r++) {
+            const int8_t *xq = rows[r].codes + g * KVSERVE_I8DOT_GROUP;
+            const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xq));
+            const __m512 xs = _mm512_set1_ps(rows[r].scale[g]);
+            for (int h = 0; h < 2; h++)
+                acc[h][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_s8_s8(codes[h], x)), _mm512_mul_ps(d_lanes[h], xs),
+                                            acc[h][r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        float lanes[32];
+        _mm512_storeu_ps(lanes, acc[0][r]);
+        _mm512_storeu_ps(lanes + 16, acc[1][r]);
+        for (int o = 0; o < width; o++) {
+            const float *l = lanes + 8 * o;
+            out[r * out_stride + o] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])))
+                                      + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+#define KVSERVE_I8DOT_Q8_CASE(n) \
+    case n: strip_pass_q8(n, q, k, strip, bias, out, out_stride, width); break;
+
 static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, const uint8_t *strip,
                        const float *bias, float *out, int64_t out_stride, int width) {
-    if (format == GRID_I4_Q8) {
+    if (format == GRID_Q8_Q8) {
+        switch (rows) {
+            KVSERVE_I8DOT_Q8_CASE(1) KVSERVE_I8DOT_Q8_CASE(2) KVSERVE_I8DOT_Q8_CASE(3) KVSERVE_I8DOT_Q8_CASE(4)
+            KVSERVE_I8DOT_Q8_CASE(5) KVSERVE_I8DOT_Q8_CASE(6) KVSERVE_I8DOT_Q8_CASE(7)
+            default: strip_pass_q8(8, q, k, strip, bias, out, out_stride, width); break;
+        }
+    } else if (format == GRID_I4_Q8) {
         KVSERVE_I8DOT_ROWS(GRID_I4_Q8)
     } else {
         KVSERVE_I8DOT_ROWS(GRID_Q4_Q8)
@@ -166,7 +231,7 @@ int kvserve_grid_int8_dot_available(void) {
 #endif
 }
 
-/* out [m][n] = x [m][k] times the strips `packed` in `format` (GRID_I4_Q8 or GRID_Q4_Q8, above),
+/* out [m][n] = x [m][k] times the strips `packed` in `format` (GRID_I4_Q8, GRID_Q4_Q8, GRID_Q8_Q8),
  * with x quantized to int8 per block of 32, plus bias [n] when given. Returns nonzero where this
  * build cannot run it, the format is another, k is not a multiple of 32, or memory for the quantized
  * rows is short. */
@@ -174,7 +239,8 @@ int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64
                               int format, int64_t n, const float *bias, float *out, int64_t out_stride,
                               int num_threads) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8) || k % KVSERVE_I8DOT_GROUP || m < 0) return 3;
+    if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8 && format != GRID_Q8_Q8) || k % KVSERVE_I8DOT_GROUP || m < 0)
+        return 3;
     const int64_t groups = k / KVSERVE_I8DOT_GROUP;
     char *scratch = malloc((size_t)(m * k + 3 * m * groups * (int64_t)sizeof(float) + 1));
     if (!scratch) return 5;

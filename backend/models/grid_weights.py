@@ -33,6 +33,7 @@ Q4, Q8, Q8_HALVES = gguf_codes.Q4, gguf_codes.Q8, gguf_codes.Q8_HALVES  # cpu_gr
 INT4 = 2  # GRID_I4: `--quantization int4`'s codes, (q - 8) * scale + zero (quantize.py), in Q4's strips
 INT4_Q8 = 3  # GRID_I4_Q8: the same codes with bfloat16 constants, times int8 activations (cpu_grid_int8_dot.c)
 Q4_Q8 = 5  # GRID_Q4_Q8: Q4's strips as they are, times int8 activations (`--quantization int4` on Q4 grids)
+Q8_Q8 = 9  # GRID_Q8_Q8: Q8's strips as they are, times int8 activations (`--quantization int4` on Q8 grids)
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64

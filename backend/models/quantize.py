@@ -117,10 +117,13 @@ class Int4Linear(nn.Module):
         # and zeros, so they compute the same dequantized weight.
         self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
                        if native_group and not int8_activations else None)
-        # `grid`: the weight's own 4-bit codes on GGUF's Q4 grids (int4_linear), kept for the strips
+        # `grid`: the weight's own codes on GGUF's Q4 or Q8 grids (int4_linear), kept for the strips
         # instead of the codes above (which torch's fallback keeps).
-        if grid is not None and int8_activations and grid.kind == grid_weights.Q4:
-            self.strips, self.strip_kind = grid.strips, grid_weights.Q4_Q8
+        # `self.grid`: those codes as their grid (a tied table's lookup reads them: CodedEmbedding).
+        self.grid = None
+        if grid is not None and int8_activations and grid.kind in _WITH_INT8_ACTIVATIONS:
+            self.grid = grid._replace(tiles=None)  # the grid kernels' tiles are not read here
+            self.strips, self.strip_kind = grid.strips, _WITH_INT8_ACTIVATIONS[grid.kind]
         else:
             # int4's codes in the grid kernel's strips: with int8 activations for every row count; with
             # float32 ones below INT4_NATIVE_MIN_ROWS (a row of a decode step, a speculative step's few
@@ -147,13 +150,18 @@ class Int4Linear(nn.Module):
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
+# The grid kinds whose strips the int8 dot kernel reads as they are, and the kind it reads them as.
+_WITH_INT8_ACTIVATIONS = {grid_weights.Q4: grid_weights.Q4_Q8, grid_weights.Q8: grid_weights.Q8_Q8}
+
+
 def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False,
                 codes: gguf_codes.BlockCodes | None = None) -> nn.Module:
     """`--quantization int4`'s layer for `weight`. A weight that a GGUF file quantized already (its float32
     values on one of GGUF's block grids: grid_weights.py) keeps its own codes, exact, as llama.cpp runs
-    a file's own types: 4-bit ones on the int8-activation strips (Int4Linear's Q4_Q8), 8-bit ones (and
-    4-bit ones where those strips do not run) on the grid kernels as without --quantization
-    (cpu_linear.PackedLinear; `few_rows`: the logits projection). Rounding them to int4 again moved
+    a file's own types: Q4's and Q8's on the int8-activation strips (Int4Linear's Q4_Q8, Q8_Q8), the
+    others (Q8_HALVES: Q5_1, Q5_K, Q6_K), and all of them where those strips do not run, on the grid
+    kernels as without --quantization (cpu_linear.PackedLinear; `few_rows`: the logits projection).
+    Rounding them to int4 again moved
     SmolLM2's Q4_1 file far more than int8 activations do: +3.5 % perplexity from its Q8_0 logits
     projection alone, against +0.5 % from the int8 activations of its layers (BENCHMARKS.md §7,
     nineteenth point). Other weights are rounded to int4. `codes`: the blocks the loader read for
@@ -163,7 +171,7 @@ def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool 
         grid = (grid_weights.from_codes(codes, weight) if codes is not None else None) or grid_weights.find_grid(weight)
     if grid is None:
         return Int4Linear(weight, bias)
-    if grid.kind == grid_weights.Q4 and _strips_kind() == grid_weights.INT4_Q8:
+    if grid.kind in _WITH_INT8_ACTIVATIONS and _strips_kind() == grid_weights.INT4_Q8:
         return Int4Linear(weight, bias, grid=grid)
     return PackedLinear(weight, bias, few_rows=few_rows, grid=grid)
 

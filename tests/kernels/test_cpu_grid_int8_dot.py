@@ -17,7 +17,7 @@ from kvserve.backend.models import grid_weights
 from kvserve.backend.models.cpu_linear import PackedLinear
 from kvserve.backend.models.quantize import Int4Linear, int4_linear
 from kvserve.kernels import cpu_native
-from tests.kernels.int8_dot_reference import int8_dot_reference
+from tests.kernels.int8_dot_reference import int8_dot_reference, quantized_activations
 
 pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
                                 reason="no int8 dot kernel here (needs AVX-512 BW and a C compiler)")
@@ -84,11 +84,43 @@ def test_int4_keeps_a_gguf_weights_own_codes():
     q8[:, ::32] = 127
     q8_weight = (q8.view(64, -1, 32) * (torch.rand(64, 4, 1, generator=g) * 0.01).half().float()).view(64, 128)
     kept = int4_linear(q8_weight, None, few_rows=True)
-    assert isinstance(kept, PackedLinear) and kept.grid is not None and kept.grid.kind == grid_weights.Q8
-    torch.testing.assert_close(kept(x), x @ q8_weight.T, atol=1e-5, rtol=1e-5)
+    assert isinstance(kept, Int4Linear) and kept.strip_kind == grid_weights.Q8_Q8 and kept.grid.kind == grid_weights.Q8
+    torch.testing.assert_close(kept(x).double(), _q8_reference(x, q8_weight), atol=1e-5, rtol=1e-5)
+    # GGUF's other kinds (8-bit codes with d and m per 16 inputs: Q5_1, Q5_K, Q6_K) keep the exact grid kernels.
+    halves = (q8.view(64, -1, 16) * (torch.rand(64, 8, 1, generator=g) * 0.01).half().float()
+              + (torch.rand(64, 8, 1, generator=g) * 0.1).half().float()).view(64, 128)
+    exact = int4_linear(halves, None)
+    if exact.grid is not None and exact.grid.kind == grid_weights.Q8_HALVES:
+        assert isinstance(exact, PackedLinear)
+        torch.testing.assert_close(exact(x), x @ halves.T, atol=1e-5, rtol=1e-5)
     # A weight on no grid is rounded to int4 as before.
     other = int4_linear(weight * (1 + 2 ** -18), None)
     assert isinstance(other, Int4Linear) and other.strip_kind == grid_weights.INT4_Q8
+
+
+def _q8_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x times a Q8 grid weight (d * q per block of 32) with x rounded to int8 per block, in float64."""
+    xq, xs = quantized_activations(x)
+    n, k = weight.shape
+    blocks = weight.view(n, k // 32, 32).double()
+    d = blocks.abs().amax(-1) / 127  # the steps of weights whose blocks reach +-127
+    q = torch.round(blocks / d[..., None])
+    return torch.einsum("mgj,ngj,ng,mg->mn", xq, q, d, xs)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9])
+def test_q8_grid_codes_times_int8_activations(m):
+    g = torch.Generator().manual_seed(20 + m)
+    n, k = 45, 160
+    q = torch.randint(-127, 128, (n, k), generator=g).float()
+    q[:, ::32] = -127  # every block reaches the end of its range: d = max |w| / 127
+    weight = (q.view(n, -1, 32) * (torch.rand(n, k // 32, 1, generator=g) * 0.01 + 1e-4).half().float()).view(n, k)
+    grid = grid_weights.find_grid(weight)
+    assert grid is not None and grid.kind == grid_weights.Q8
+    x = torch.randn(m, k, generator=g)
+    got = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q8_Q8, n, None)
+    want = _q8_reference(x, weight)
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
 
 
 def test_the_rounding_costs_what_8_bit_activations_cost():
@@ -144,6 +176,9 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 10
     q4_weight, *_ = _q4_weight(n, k, seed=12)
     q4 = grid_weights.find_grid(q4_weight).strips
+    codes8 = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(14)).float()
+    codes8[:, ::32] = 127
+    q8 = grid_weights.find_grid((codes8.view(n, -1, 32) * 0.0078125).view(n, k)).strips
     for name, extra in (("vnni", []), ("bw", ["-mno-avx512vnni"])):
         path = tmp_path / f"{name}.so"
         subprocess.run([shutil.which("cc"), *cpu_native._FLAGS, *extra, "-o", str(path), str(_KERNEL)], check=True,
@@ -151,8 +186,9 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.kvserve_grid_int8_dot_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
-        out = torch.full((2, m, n), float("nan"))
-        for i, (packed, kind) in enumerate(((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8))):
+        out = torch.full((3, m, n), float("nan"))
+        kinds = ((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8), (q8, grid_weights.Q8_Q8))
+        for i, (packed, kind) in enumerate(kinds):
             assert lib.kvserve_grid_int8_dot_f32(x.data_ptr(), k, m, k, packed.data_ptr(), kind, n, None,
                                                  out[i].data_ptr(), n, 2) == 0
         outs.append(out.view(torch.int32))
