@@ -33,6 +33,7 @@ Q4, Q8, Q8_HALVES = gguf_codes.Q4, gguf_codes.Q8, gguf_codes.Q8_HALVES  # cpu_gr
 INT4 = 2  # GRID_I4: `--quantization int4`'s codes, (q - 8) * scale + zero (quantize.py), in Q4's strips
 INT4_Q8 = 3  # GRID_I4_Q8: the same codes with bfloat16 constants, times int8 activations (cpu_grid_int8_dot.c)
 Q4_Q8 = 5  # GRID_Q4_Q8: Q4's strips as they are, times int8 activations (`--quantization int4` on Q4 grids)
+Q4H_Q8 = 6  # GRID_Q4H_Q8: Q4's codes with float16 d and m, times int8 activations (q4_strips_f16)
 Q8_Q8 = 9  # GRID_Q8_Q8: Q8's strips as they are, times int8 activations (`--quantization int4` on Q8 grids)
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
@@ -179,6 +180,17 @@ def int4_strips(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ki
     if kind == INT4_Q8 and not all(torch.equal(c.to(dtype).float(), c.float()) for c in (scale, zero)):
         raise ValueError("int4 strips: INT4_Q8 keeps bfloat16 constants, and these are not bfloat16 values")
     return _strips(blocks[..., :16] | (blocks[..., 16:] << 4), [scale, zero], dtype)
+
+
+def q4_strips_f16(grid: GridWeight) -> torch.Tensor | None:
+    """A Q4 grid's strips with d and m as float16 (kind Q4H_Q8: a sixth fewer bytes), or None where
+    one of them is not a float16 value (Q4_1's are; Q4_K's products of two scales need not be)."""
+    strips = grid.strips.view(-1, grid.in_features // GROUP, STRIP * 24)
+    constants = strips[..., STRIP * 16:].contiguous().view(torch.float32)
+    halves = constants.half()
+    if not torch.equal(halves.float(), constants):
+        return None
+    return torch.cat([strips[..., :STRIP * 16], halves.view(torch.uint8)], dim=-1).contiguous().reshape(-1)
 
 
 @torch.no_grad()

@@ -119,11 +119,16 @@ class Int4Linear(nn.Module):
                        if native_group and not int8_activations else None)
         # `grid`: the weight's own codes on GGUF's Q4 or Q8 grids (int4_linear), kept for the strips
         # instead of the codes above (which torch's fallback keeps).
-        # `self.grid`: those codes as their grid (a tied table's lookup reads them: CodedEmbedding).
+        # `self.grid`: those codes as their grid, where the strips are its (a tied table's lookup reads
+        # them: CodedEmbedding).
         self.grid = None
         if grid is not None and int8_activations and grid.kind in _WITH_INT8_ACTIVATIONS:
-            self.grid = grid._replace(tiles=None)  # the grid kernels' tiles are not read here
-            self.strips, self.strip_kind = grid.strips, _WITH_INT8_ACTIVATIONS[grid.kind]
+            halves = grid_weights.q4_strips_f16(grid) if grid.kind == grid_weights.Q4 else None
+            if halves is not None:  # float16 constants (Q4_1's): fewer bytes, the same values
+                self.strips, self.strip_kind = halves, grid_weights.Q4H_Q8
+            else:
+                self.grid = grid._replace(tiles=None)  # the grid kernels' tiles are not read here
+                self.strips, self.strip_kind = grid.strips, _WITH_INT8_ACTIVATIONS[grid.kind]
         else:
             # int4's codes in the grid kernel's strips: with int8 activations for every row count; with
             # float32 ones below INT4_NATIVE_MIN_ROWS (a row of a decode step, a speculative step's few

@@ -69,15 +69,23 @@ def test_q4_grid_codes_times_int8_activations(m):
     got = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q4_Q8, n, None)
     want = int8_dot_reference(x, codes, d, low, offset=0)
     torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+    # d and m are float16 values: the strips with float16 constants give the same bits.
+    halves = grid_weights.q4_strips_f16(grid)
+    assert halves is not None and halves.numel() * 6 == grid.strips.numel() * 5
+    assert torch.equal(cpu_native.grid_linear_strips(x, halves, grid_weights.Q4H_Q8, n, None), got)
 
 
 def test_int4_keeps_a_gguf_weights_own_codes():
     weight, codes, d, low = _q4_weight(64, 128, seed=10)
     layer = int4_linear(weight, None)
-    assert isinstance(layer, Int4Linear) and layer.strip_kind == grid_weights.Q4_Q8 and layer.native is None
+    # Q4_1's d and m are float16 values: the strips keep them so.
+    assert isinstance(layer, Int4Linear) and layer.strip_kind == grid_weights.Q4H_Q8 and layer.native is None
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(11))
     torch.testing.assert_close(layer(x).double(), int8_dot_reference(x, codes, d, low, offset=0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(layer(x[None]), layer(x)[None])  # any leading shape
+    # An offset that is no float16 value (Q4_K's products of two scales can be such) keeps float32 ones.
+    wide = (codes.view(64, -1, 32) * d[..., None] + (low * (1 + 2 ** -13))[..., None]).view(64, 128)
+    assert int4_linear(wide, None).strip_kind == grid_weights.Q4_Q8
     # An 8-bit grid (Q8_0's d * q) keeps its codes on the exact grid kernels, as without --quantization.
     g = torch.Generator().manual_seed(13)
     q8 = torch.randint(-127, 128, (64, 128), generator=g).float()
@@ -175,7 +183,8 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
     _, _, _, strips = _weight(n, k, seed=7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 10
     q4_weight, *_ = _q4_weight(n, k, seed=12)
-    q4 = grid_weights.find_grid(q4_weight).strips
+    q4_grid = grid_weights.find_grid(q4_weight)
+    q4, q4h = q4_grid.strips, grid_weights.q4_strips_f16(q4_grid)
     codes8 = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(14)).float()
     codes8[:, ::32] = 127
     q8 = grid_weights.find_grid((codes8.view(n, -1, 32) * 0.0078125).view(n, k)).strips
@@ -186,8 +195,9 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.kvserve_grid_int8_dot_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
-        out = torch.full((3, m, n), float("nan"))
-        kinds = ((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8), (q8, grid_weights.Q8_Q8))
+        out = torch.full((4, m, n), float("nan"))
+        kinds = ((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8), (q4h, grid_weights.Q4H_Q8),
+                 (q8, grid_weights.Q8_Q8))
         for i, (packed, kind) in enumerate(kinds):
             assert lib.kvserve_grid_int8_dot_f32(x.data_ptr(), k, m, k, packed.data_ptr(), kind, n, None,
                                                  out[i].data_ptr(), n, 2) == 0

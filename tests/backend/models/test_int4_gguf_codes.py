@@ -16,6 +16,7 @@ from kvserve.backend.models.loader import load_model
 from kvserve.backend.models.quantize import Int4Linear, quantize_model
 from kvserve.kernels import cpu_native
 from tests.backend.models.gguf_writer import write_random_gguf
+from tests.backend.worker.test_native_decode import _assert_native_equals_per_op
 
 pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
                                 reason="int4 keeps 4-bit codes on the int8 dot kernel (AVX-512 BW) only")
@@ -23,7 +24,18 @@ pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
 PROMPTS = [[5, 17, 42], [300, 2, 9, 9, 9, 120, 64], list(range(40, 70))]
 
 
-@pytest.mark.parametrize("kind,strip_kind", [("Q4_1", grid_weights.Q4_Q8), ("Q4_K", grid_weights.Q4_Q8),
+def _grid(linear) -> grid_weights.GridWeight:
+    """The layer's codes as a grid of Q4's, Q8's or Q8_HALVES' layout (float16 constants widened back)."""
+    if getattr(linear, "strip_kind", None) != grid_weights.Q4H_Q8:
+        return linear.grid
+    n, k = linear.out_features, linear.in_features
+    blocks = linear.strips.view(-1, k // 32, 80)
+    constants = blocks[..., 64:].contiguous().view(torch.float16).float().view(torch.uint8)
+    strips = torch.cat([blocks[..., :64], constants], dim=-1).reshape(-1)
+    return grid_weights.GridWeight(strips, None, grid_weights.Q4, n, k)
+
+
+@pytest.mark.parametrize("kind,strip_kind", [("Q4_1", grid_weights.Q4H_Q8), ("Q4_K", grid_weights.Q4_Q8),
                                              ("Q8_0", grid_weights.Q8_Q8), ("Q6_K", None)])
 def test_int4_keeps_the_files_codes(kind, strip_kind, tmp_path: Path):
     path = write_random_gguf(tmp_path / f"random-{kind}.gguf", kind, seed=3)
@@ -35,9 +47,12 @@ def test_int4_keeps_the_files_codes(kind, strip_kind, tmp_path: Path):
             linear, weight = getattr(layer, name), getattr(ref, name).weight
             # 4- and 8-bit codes on the int8-activation strips; GGUF's other types on the exact grid kernels.
             assert type(linear) is (PackedLinear if strip_kind is None else Int4Linear), (kind, name)
-            assert strip_kind is None or linear.strip_kind == strip_kind
+            if strip_kind is not None and kind == "Q4_K":  # float16 constants wherever its products are float16 values
+                assert linear.strip_kind in (grid_weights.Q4_Q8, grid_weights.Q4H_Q8)
+            else:
+                assert strip_kind is None or linear.strip_kind == strip_kind
             # The codes are the file's weights exactly (the int8-activation kinds read Q4's and Q8's strips).
-            assert torch.equal(grid_weights.dequantize(linear.grid), weight), (kind, name)
+            assert torch.equal(grid_weights.dequantize(_grid(linear)), weight), (kind, name)
     exact = LLM(model=str(path), dtype="float32", max_num_seqs=4)
     assert type(model.embed_tokens) is type(exact.engine.runner.model.embed_tokens)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -63,3 +78,11 @@ def test_a_tied_table_on_a_grid_serves_the_lookup_as_its_codes():
     assert isinstance(model.embed_tokens, CodedEmbedding)
     ids = torch.tensor([0, 7, 47])
     assert torch.equal(model.embed_tokens(ids), table[ids])
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
+def test_the_native_decode_step_reads_the_kept_codes_as_the_layers_do(kind, tmp_path: Path):
+    path = write_random_gguf(tmp_path / f"random-{kind}.gguf", kind, seed=4)
+    llm = LLM(model=str(path), dtype="float32", quantization="int4", max_num_seqs=8, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+    _assert_native_equals_per_op(llm, PROMPTS + [[7] * 12, [3, 4, 5]], params)
