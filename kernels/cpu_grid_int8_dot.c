@@ -1,6 +1,6 @@
-/* `--quantization int4` with integer dot products: 4-bit codes in strips of 4 outputs (the layout
- * of cpu_grid_linear.c) times activations quantized to int8 per block of 32, as llama.cpp
- * multiplies its Q4 weights with Q8 activations.
+/* `--quantization int4` with integer dot products: 4-bit (and a GGUF file's 8-bit) codes in strips
+ * of 4 outputs (the layout of cpu_grid_linear.c) times activations quantized to int8 per block of
+ * 32, as llama.cpp multiplies its Q4 weights with Q8 activations.
  *
  * Why: at one row cpu_grid_linear.c's float strips spend ~7 vector instructions on every 32 weights
  * of an output (widen the codes, look each value up in a 16-entry table, two FMAs), and a batch-1
@@ -10,13 +10,14 @@
  * further row adds the last five, so up to 8 rows share a pass over a strip, and the kernel beats
  * the float32 int4 tiles at every row count measured (1-128: backend/models/quantize.py).
  *
- * Two layouts of the same 4 x 16 code bytes per block:
+ * The layouts (4 outputs' codes per block of 32 inputs, then their constants):
  * - GRID_I4_Q8, int4's codes: w = (q - 8) * s + z, s and z as bfloat16 (the values int4 rounds them
  *   to: 16 bytes fewer than float32's, a sixth of a step's reads);
  * - GRID_Q4_Q8, the grid codes of a weight on GGUF's Q4 grids (cpu_grid_linear.c's GRID_Q4 strips,
  *   float32 d and m): w = q * d + m, so `--quantization int4` on a Q4_1 or Q4_K file keeps the
  *   file's own weights instead of rounding them again; GRID_Q4H_Q8 the same with d and m as float16,
- *   where they are float16 values (Q4_1's are: a sixth fewer bytes, ~0.88x the time at one row);
+ *   where they are float16 values (Q4_1's are: a sixth fewer bytes; at one row the float32 form took
+ *   1.13x the time of int4's 80-byte blocks);
  * - GRID_Q8_Q8, likewise GRID_Q8's strips (w = d * q, q in -127..127: Q8_0 and Q4_0's codes), whose
  *   32 code bytes per output and block are signed (dot_s8_s8).
  *
