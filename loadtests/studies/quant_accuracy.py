@@ -102,8 +102,11 @@ def perplexity(llm: LLM, ids: list[int], window: int) -> float:
 @torch.inference_mode()
 def decode_perplexity(llm: LLM, ids: list[int]) -> float:
     """exp(mean NLL) of ids[1:], each token one decode step of one row over the cache the steps
-    before it wrote."""
+    before it wrote; NaN for a model of more than one KV group (Gemma 3's sliding layers: one block
+    table here does not fit each group's pool)."""
     runner = llm.engine.runner
+    if len(runner.kv_groups) > 1:
+        return math.nan
     bs, dev = runner.block_size, runner.device
     n = len(ids) - 1
     tables = torch.arange(1, -(-n // bs) + 1, dtype=torch.int32, device=dev)[None]  # block 0 is the null block
