@@ -279,8 +279,8 @@ int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64
         const int width = n - col < KVSERVE_I8DOT_OUTS ? (int)(n - col) : KVSERVE_I8DOT_OUTS;
         for (int64_t r0 = 0; r0 < m; r0 += KVSERVE_I8DOT_MAX_ROWS) {
             const int rows = m - r0 < KVSERVE_I8DOT_MAX_ROWS ? (int)(m - r0) : KVSERVE_I8DOT_MAX_ROWS;
-            strip_rows(rows, format, q + r0, k, packed + s * strip_bytes, bias ? bias + col : 0, out + r0 * out_stride + col,
-                       out_stride, width);
+            strip_rows(rows, format, q + r0, k, packed + s * strip_bytes, bias ? bias + col : 0,
+                       out + r0 * out_stride + col, out_stride, width);
         }
     }
     free(q);
