@@ -86,25 +86,25 @@ def main() -> None:
         baseline = [[(lambda x, d=d, n=w.shape[0]: cpu_native.linear(x, d, n, None)) for d, w in zip(d_layer, layer)]
                     for d_layer, layer in zip(dense, weights)]
         native = [[(find_grid(w), "grid") for w in layer] for layer in weights]
-    elif args.int8 or args.int4:
-        quantized = [[(Int8Linear if args.int8 else Int4Linear)(w, None) for w in layer] for layer in weights]
-        native = [[q.native for q in layer] for layer in quantized]
+    elif args.int8:
+        quantized = [[Int8Linear(w, None) for w in layer] for layer in weights]
+        native = [[(q.native, q.native_scales) for q in layer] for layer in quantized]
         for layer in quantized:
             for q in layer:
                 q.native = None  # the module's own forward is then torch's kernel
         baseline = [[q.forward for q in layer] for layer in quantized]
-        if args.int8:
-            native = [[(codes, q.native_scales) for codes, q in zip(n_layer, q_layer)]
-                      for n_layer, q_layer in zip(native, quantized)]
-        else:
-            native = [[(w, "int4") for w in layer] for layer in native]
-            strips = [[q.strips for q in layer] for layer in quantized]
-            kinds = {q.strip_kind for layer in quantized for q in layer}
-            if kinds == {grid_weights.INT4_Q8}:  # the int8-activation strips; the float32 ones as well
-                os.environ["KVSERVE_CPU_INT8_DOT"] = "0"
-                float_strips = [[Int4Linear(w, None).strips for w in layer] for layer in weights]
-                del os.environ["KVSERVE_CPU_INT8_DOT"]
-                strips, dot_strips = float_strips, strips
+    elif args.int4:
+        os.environ["KVSERVE_CPU_INT8_DOT"] = "0"  # int4's tiles and its float32-activation strips
+        quantized = [[Int4Linear(w, None) for w in layer] for layer in weights]
+        del os.environ["KVSERVE_CPU_INT8_DOT"]
+        native = [[(q.native, "int4") for q in layer] for layer in quantized]
+        strips = [[q.strips for q in layer] for layer in quantized]
+        if cpu_native.int8_dot_available():  # and the int8-activation strips
+            dot_strips = [[Int4Linear(w, None).strips for w in layer] for layer in weights]
+        for layer in quantized:
+            for q in layer:
+                q.native = q.strips = None  # the module's own forward is then torch's kernel
+        baseline = [[q.forward for q in layer] for layer in quantized]
     else:
         packed = [[torch.ops.mkldnn._reorder_linear_weight(w, None) for w in layer] for layer in weights]
         baseline = [[(lambda x, d=d: torch.ops.mkldnn._linear_pointwise(x, d, None, "none", [], "")) for d in layer]
