@@ -185,12 +185,10 @@ def int4_strips(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ki
 def q4_strips_f16(grid: GridWeight) -> torch.Tensor | None:
     """A Q4 grid's strips with d and m as float16 (kind Q4H_Q8: a sixth fewer bytes), or None where
     one of them is not a float16 value (Q4_1's are; Q4_K's products of two scales need not be)."""
-    strips = grid.strips.view(-1, grid.in_features // GROUP, STRIP * 24)
-    constants = strips[..., STRIP * 16:].contiguous().view(torch.float32)
-    halves = constants.half()
-    if not torch.equal(halves.float(), constants):
+    codes, constants = _strip_constants(grid)
+    if not all(torch.equal(c.half().float(), c) for c in constants):
         return None
-    return torch.cat([strips[..., :STRIP * 16], halves.view(torch.uint8)], dim=-1).contiguous().reshape(-1)
+    return _strips(codes.reshape(-1, *codes.shape[2:]), constants, torch.float16)  # codes [N', K/32, 16]
 
 
 @torch.no_grad()

@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print("quant_accuracy: --prompts must be in [1, 16], --tokens, --window and --batch >= 1, "
               "--decode-tokens >= 2", file=sys.stderr)
         return 2
+    decode_tokens = min(args.decode_tokens, args.window)
     results: dict[str, dict] = {}
     ref_tokens = None
     for mode, engine_args in _variants(args):
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         text_ids = tok.encode(Path(args.text).read_text(encoding="utf-8"))[:args.max_text_tokens]
         tokens = greedy_tokens(llm, prompts, args.tokens)
         row = {"perplexity": perplexity(llm, text_ids, args.window), "text_tokens": len(text_ids),
-               "decode_perplexity": decode_perplexity(llm, text_ids[:min(args.decode_tokens, args.window)]),
+               "decode_perplexity": decode_perplexity(llm, text_ids[:decode_tokens]),
                "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
                "kv_tokens_in_memory": args.memory // runner.block_bytes * runner.block_size}
         if extremes is not None:
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  reference KV cache {ref['kv_dtype']}: largest |K| stored {ref['max_abs_k']:.1f}, "
               f"|V| {ref['max_abs_v']:.1f} (fp8 e4m3's range: 448); KV tokens in {args.memory / 2 ** 30:g} GiB")
     kv = args.kv_dtypes
-    print(f"  decode ppl: the first {min(args.decode_tokens, args.window)} tokens through one-row decode steps")
+    print(f"  decode ppl: the first {decode_tokens} tokens through one-row decode steps")
     print(f"  {'mode':11} {'perplexity':>10} {'vs ref':>7} {'decode ppl':>10} {'vs ref':>7} {'identical':>10} "
           f"{'common prefix':>14} {'positions':>10}"
           + (f" {'KV tokens':>10}" if kv else ""))
