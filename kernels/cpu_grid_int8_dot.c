@@ -7,8 +7,9 @@
  * step of SmolLM2 waits on those instructions, not on memory. Here 4 outputs' 128 codes take ~10:
  * the 64 code bytes split into low and high nibbles, two vpdpbusd (64 byte products each, summed
  * four at a time into int32), one conversion and two float operations for the block's scale. Each
- * further row adds the last five, so up to 8 rows share a pass over a strip, and the kernel beats
- * the float32 int4 tiles at every row count measured (1-128: backend/models/quantize.py).
+ * further row adds the last five, so up to 8 rows share a pass over a strip (4 under AVX2), and the
+ * kernel beats the float32 int4 tiles at every row count measured (1-128: backend/models/quantize.py).
+ * Under AVX2 (no VNNI) each vpdpbusd is vpmaddubsw + vpmaddwd on two 256-bit halves.
  *
  * The layouts (4 outputs' codes per block of 32 inputs, then their constants):
  * - GRID_I4_Q8, int4's codes: w = (q - 8) * s + z, s and z as bfloat16 (the values int4 rounds them
@@ -28,7 +29,8 @@
  * their rounding errors would add up twice as far (a trial on SmolLM2's Q4_1 codes, its logits
  * projection then rounded to int4 as well: +6.1 % perplexity uncentred, +3.9 % centred).
  * The zero's term uses the float32 sum of x, not the codes. The integer sums are exact, so the
- * AVX-512 VNNI and AVX-512 BW (vpmaddubsw + vpmaddwd) paths give the same bits. Activations are
+ * AVX-512 VNNI, AVX-512 BW (vpmaddubsw + vpmaddwd) and AVX2 paths give the same bits (the float
+ * operations are cpu_vec16.h's, the same lane by lane). Activations are
  * rounded to 8 bits per block (|x| / max|x| * 127): this mode's accuracy cost grows by that
  * rounding, which loadtests/studies/quant_accuracy.py measures. A row's results do not depend on
  * the rows beside it nor on the thread count. */
@@ -45,12 +47,159 @@ static inline int64_t block_bytes(int format) {
     return format == GRID_Q8_Q8 ? KVSERVE_I8DOT_OUTS * 32 + KVSERVE_I8DOT_OUTS * 4
                                 : KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * (format == GRID_Q4_Q8 ? 8 : 4);
 }
-#define KVSERVE_I8DOT_MAX_ROWS 8 /* rows per pass over a strip */
 #define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#include "cpu_vec16.h"
 
+#define I8_INLINE static inline __attribute__((always_inline))
+
+/* The integer vectors the kernel needs beside cpu_vec16.h's float ones: a b64 is 64 bytes, or 16 int32
+ * lanes in v16's order. AVX-512 BW has one register for it; AVX2 two (lanes 0-7, 8-15), whose lanes
+ * take the same integer operations, so every integer sum is the same and every float operation after
+ * it (v16's) is the same lane by lane: the two builds give the same bits
+ * (tests/kernels/test_cpu_vector_isas.py). */
+#if defined(__AVX512F__)
+#if defined(__AVX512BW__)
+#define KVSERVE_I8DOT 1
+#define KVSERVE_I8DOT_MAX_ROWS 8 /* rows per pass over a strip: 16 of the 32 registers accumulate */
+typedef __m512i b64;
+
+I8_INLINE b64 b64_load(const uint8_t *p) { return _mm512_loadu_si512(p); }
+/* Each byte's low nibble; each byte's high nibble. */
+I8_INLINE b64 b64_low4(b64 v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+I8_INLINE b64 b64_high4(b64 v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+/* 16 bytes at p in each 128-bit block; 32 bytes at p in each 256-bit half. */
+I8_INLINE b64 b64_repeat16(const int8_t *p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)); }
+I8_INLINE b64 b64_repeat32(const int8_t *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
+/* Per int32 lane: the 4 products of unsigned codes (0..15) `low` and signed x `x_low`, plus the 4 of
+ * `high` and `x_high`. */
+I8_INLINE b64 b64_dot_u4_s8(b64 low, b64 x_low, b64 high, b64 x_high) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), low, x_low), high, x_high);
+#else
+    /* Pairs as int16, both halves' pairs added (at most 4 * 15 * 128: no saturation), then as int32. */
+    return _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(low, x_low), _mm512_maddubs_epi16(high, x_high)),
+                             _mm512_set1_epi16(1));
+#endif
+}
+/* Per int32 lane, the sum of 4 products of signed 8-bit weight codes (-127..127) and activation codes.
+ * VNNI takes an unsigned first operand: (q + 128) times x, less 128 times x. Without it the signs
+ * move onto x, |q| times +-x by pairs (at most 2 * 127 * 128: no saturation). Exact either way. */
+I8_INLINE b64 b64_dot_s8_s8(b64 codes, b64 x) {
+#if defined(__AVX512VNNI__)
+    const __m512i offset = _mm512_set1_epi8((char)0x80);
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(codes, offset), x),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, x));
+#else
+    const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(codes), _mm512_setzero_si512(), x);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(codes), signed_x), _mm512_set1_epi16(1));
+#endif
+}
+I8_INLINE v16 v16_from_b64(b64 v) { return _mm512_cvtepi32_ps(v); }
+/* Lanes 4i..4i+3: s[i]. */
+I8_INLINE v16 v16_spread4(__m128 s) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(s));
+}
+/* Lanes 0-7: d[0]; lanes 8-15: d[1]. */
+I8_INLINE v16 v16_spread2(const float *d) {
+    return _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1);
+}
+/* 32 floats rounded to int8 codes (x * inverse to nearest, saturated) at `codes`; returns their sum. */
+I8_INLINE int quantize_block(const float *x, float inverse, int8_t *codes) {
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inverse)));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(inverse)));
+    _mm_storeu_si128((__m128i *)codes, _mm512_cvtsepi32_epi8(lo));
+    _mm_storeu_si128((__m128i *)(codes + 16), _mm512_cvtsepi32_epi8(hi));
+    const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-128);
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(lo, top), bottom),
+                                                    _mm512_max_epi32(_mm512_min_epi32(hi, top), bottom)));
+}
+/* The largest |x| of 32 floats. */
+I8_INLINE float block_amax(const float *x) {
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
+}
+#endif
+#elif defined(KVSERVE_VEC16) /* AVX2 + FMA + F16C */
+#define KVSERVE_I8DOT 1
+/* 3 registers a row accumulate (its 16 lanes and its 4 terms): 4 rows and the shared codes, scales
+ * and constants fill the 16 (more spill to the stack). */
+#define KVSERVE_I8DOT_MAX_ROWS 4
+typedef struct { __m256i lo, hi; } b64;
+
+I8_INLINE b64 b64_make(__m256i lo, __m256i hi) { b64 r = {lo, hi}; return r; }
+I8_INLINE b64 b64_load(const uint8_t *p) {
+    return b64_make(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 32)));
+}
+I8_INLINE b64 b64_low4(b64 v) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    return b64_make(_mm256_and_si256(v.lo, nibble), _mm256_and_si256(v.hi, nibble));
+}
+I8_INLINE b64 b64_high4(b64 v) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    return b64_make(_mm256_and_si256(_mm256_srli_epi16(v.lo, 4), nibble),
+                    _mm256_and_si256(_mm256_srli_epi16(v.hi, 4), nibble));
+}
+I8_INLINE b64 b64_repeat16(const int8_t *p) {
+    const __m256i r = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return b64_make(r, r);
+}
+I8_INLINE b64 b64_repeat32(const int8_t *p) {
+    const __m256i r = _mm256_loadu_si256((const __m256i *)p);
+    return b64_make(r, r);
+}
+I8_INLINE __m256i dot_u4_s8_half(__m256i low, __m256i x_low, __m256i high, __m256i x_high) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(low, x_low), _mm256_maddubs_epi16(high, x_high)),
+                             _mm256_set1_epi16(1));
+}
+I8_INLINE b64 b64_dot_u4_s8(b64 low, b64 x_low, b64 high, b64 x_high) {
+    return b64_make(dot_u4_s8_half(low.lo, x_low.lo, high.lo, x_high.lo),
+                    dot_u4_s8_half(low.hi, x_low.hi, high.hi, x_high.hi));
+}
+/* As AVX-512 BW: |q| times x with q's sign (vpsignb: zero where q is, as |q| is then). */
+I8_INLINE __m256i dot_s8_s8_half(__m256i codes, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(codes), _mm256_sign_epi8(x, codes)),
+                             _mm256_set1_epi16(1));
+}
+I8_INLINE b64 b64_dot_s8_s8(b64 codes, b64 x) {
+    return b64_make(dot_s8_s8_half(codes.lo, x.lo), dot_s8_s8_half(codes.hi, x.hi));
+}
+I8_INLINE v16 v16_from_b64(b64 v) { return v16_make(_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)); }
+I8_INLINE v16 v16_spread4(__m128 s) {
+    const __m256 s2 = _mm256_castps128_ps256(s);
+    return v16_make(_mm256_permutevar8x32_ps(s2, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+                    _mm256_permutevar8x32_ps(s2, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)));
+}
+I8_INLINE v16 v16_spread2(const float *d) { return v16_make(_mm256_set1_ps(d[0]), _mm256_set1_ps(d[1])); }
+/* 16 int32 as 16 saturated int8, in order (the packs interleave 128-bit blocks: put them back). */
+I8_INLINE __m128i saturated_i8(__m256i lo, __m256i hi) {
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+    return _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+}
+I8_INLINE int quantize_block(const float *x, float inverse, int8_t *codes) {
+    const __m256 by = _mm256_set1_ps(inverse);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), by));
+    _mm_storeu_si128((__m128i *)codes, saturated_i8(q[0], q[1]));
+    _mm_storeu_si128((__m128i *)(codes + 16), saturated_i8(q[2], q[3]));
+    const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-128);
+    __m256i sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) sum = _mm256_add_epi32(sum, _mm256_max_epi32(_mm256_min_epi32(q[i], top), bottom));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+I8_INLINE float block_amax(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    const __m128 m2 = _mm_max_ps(m4, _mm_shuffle_ps(m4, m4, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+#endif
+
+#if defined(KVSERVE_I8DOT)
 /* One row's activations as int8 codes per block of 32, with what the products need of each block. */
 typedef struct {
     int8_t *codes;     /* [k] */
@@ -62,67 +211,42 @@ typedef struct {
 static void quantize_row(const float *x, int64_t k, int format, quantized_row q) {
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
         const float *xg = x + g * KVSERVE_I8DOT_GROUP;
-        const __m512 lo = _mm512_loadu_ps(xg), hi = _mm512_loadu_ps(xg + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const float amax = block_amax(xg);
         const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         /* Round to nearest (even), saturating: amax * (127 / amax) may round just above 127. */
-        const __m512i q_lo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inverse)));
-        const __m512i q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inverse)));
-        _mm_storeu_si128((__m128i *)(q.codes + g * KVSERVE_I8DOT_GROUP), _mm512_cvtsepi32_epi8(q_lo));
-        _mm_storeu_si128((__m128i *)(q.codes + g * KVSERVE_I8DOT_GROUP + 16), _mm512_cvtsepi32_epi8(q_hi));
-        const int code_sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q_lo,
-                                                     _mm512_set1_epi32(127)), _mm512_set1_epi32(-128)),
-                                                     _mm512_max_epi32(_mm512_min_epi32(q_hi, _mm512_set1_epi32(127)),
-                                                                      _mm512_set1_epi32(-128))));
+        const int code_sum = quantize_block(xg, inverse, q.codes + g * KVSERVE_I8DOT_GROUP);
         q.scale[g] = scale;
-        q.sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+        q.sum[g] = v16_reduce_add(v16_add(v16_load(xg), v16_load(xg + 16)));
         const int centred = format == GRID_Q4_Q8 || format == GRID_Q4H_Q8; /* codes 0..15 moved to -8..7 */
         q.code_term[g] = -8.0f * scale * (float)code_sum + (centred ? 8.0f * q.sum[g] : 0.0f);
     }
 }
 
-/* sum over each int32 lane of 4 products of unsigned codes (0..15) and signed activation codes. */
-static inline __attribute__((always_inline)) __m512i dot_u4_s8(__m512i acc, __m512i codes, __m512i x) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(acc, codes, x);
-#else
-    /* Pairs as int16 (at most 2 * 15 * 128: no saturation), then pairs of those as int32. */
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
-#endif
-}
-
 /* 4 bfloat16 at p as float32 (exact: the high half of each). */
-static inline __attribute__((always_inline)) __m128 bf16x4(const uint8_t *p) {
+I8_INLINE __m128 bf16x4(const uint8_t *p) {
     return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16));
 }
 
 /* 4 float16 at p as float32 (exact). */
-static inline __attribute__((always_inline)) __m128 f16x4(const uint8_t *p) {
-    return _mm512_castps512_ps128(_mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadl_epi64((const __m128i *)p))));
-}
+I8_INLINE __m128 f16x4(const uint8_t *p) { return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p)); }
 
 /* ROWS rows times one strip of 4 outputs in FORMAT. */
-static inline __attribute__((always_inline)) void strip_pass(const int ROWS, const int FORMAT,
-                                                             const quantized_row *rows, int64_t k,
-                                                             const uint8_t *strip, const float *bias, float *out,
-                                                             int64_t out_stride, int width) {
-    __m512 acc[KVSERVE_I8DOT_MAX_ROWS];
+I8_INLINE void strip_pass(const int ROWS, const int FORMAT, const quantized_row *rows, int64_t k, const uint8_t *strip,
+                          const float *bias, float *out, int64_t out_stride, int width) {
+    v16 acc[KVSERVE_I8DOT_MAX_ROWS];
     __m128 term[KVSERVE_I8DOT_MAX_ROWS];
     for (int r = 0; r < ROWS; r++) {
-        acc[r] = _mm512_setzero_ps();
+        acc[r] = v16_zero();
         term[r] = _mm_setzero_ps();
     }
-    /* Lane i of a product belongs to output i / 4: each output's scale repeated over its 4 lanes. */
-    const __m512i by_output = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
         const uint8_t *blk = strip + g * block_bytes(FORMAT);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        /* 4 outputs x 16 bytes: inputs 0-15 in the low nibbles, 16-31 in the high ones. */
-        const __m512i codes = _mm512_loadu_si512(blk);
-        const __m512i low = _mm512_and_si512(codes, nibble);
-        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble);
+        /* 4 outputs x 16 bytes: inputs 0-15 in the low nibbles, 16-31 in the high ones. Lane i of a
+         * product belongs to output i / 4. */
+        const b64 codes = b64_load(blk);
+        const b64 low = b64_low4(codes), high = b64_high4(codes);
         const uint8_t *constants = blk + KVSERVE_I8DOT_OUTS * 16;
         const __m128 s = FORMAT == GRID_I4_Q8    ? bf16x4(constants)
                          : FORMAT == GRID_Q4H_Q8 ? f16x4(constants)
@@ -130,21 +254,19 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
         const __m128 z = FORMAT == GRID_I4_Q8    ? bf16x4(constants + 8)
                          : FORMAT == GRID_Q4H_Q8 ? f16x4(constants + 8)
                                                  : _mm_loadu_ps((const float *)constants + 4);
-        const __m512 s_lanes = _mm512_permutexvar_ps(by_output, _mm512_castps128_ps512(s));
+        const v16 s_lanes = v16_spread4(s); /* each output's scale over its 4 lanes */
         for (int r = 0; r < ROWS; r++) {
             const int8_t *xq = rows[r].codes + g * KVSERVE_I8DOT_GROUP;
-            const __m512i x_low = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xq));
-            const __m512i x_high = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq + 16)));
-            const __m512i dots = dot_u4_s8(dot_u4_s8(_mm512_setzero_si512(), low, x_low), high, x_high);
-            const __m512 scaled = _mm512_mul_ps(s_lanes, _mm512_set1_ps(rows[r].scale[g]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scaled, acc[r]);
+            const b64 dots = b64_dot_u4_s8(low, b64_repeat16(xq), high, b64_repeat16(xq + 16));
+            const v16 scaled = v16_mul(s_lanes, v16_set1(rows[r].scale[g]));
+            acc[r] = v16_fma(v16_from_b64(dots), scaled, acc[r]);
             term[r] = _mm_fmadd_ps(s, _mm_set1_ps(rows[r].code_term[g]), term[r]);
             term[r] = _mm_fmadd_ps(z, _mm_set1_ps(rows[r].sum[g]), term[r]);
         }
     }
     for (int r = 0; r < ROWS; r++) {
         float lanes[16], terms[4];
-        _mm512_storeu_ps(lanes, acc[r]);
+        v16_store(lanes, acc[r]);
         _mm_storeu_ps(terms, term[r]);
         for (int o = 0; o < width; o++) {
             const float *l = lanes + 4 * o;
@@ -155,58 +277,45 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
 
 #define KVSERVE_I8DOT_ROWS_CASE(n, format) \
     case n: strip_pass(n, format, q, k, strip, bias, out, out_stride, width); break;
-#define KVSERVE_I8DOT_ROWS(format)                                                                    \
-    switch (rows) {                                                                                   \
-        KVSERVE_I8DOT_ROWS_CASE(1, format) KVSERVE_I8DOT_ROWS_CASE(2, format)                         \
-        KVSERVE_I8DOT_ROWS_CASE(3, format) KVSERVE_I8DOT_ROWS_CASE(4, format)                         \
-        KVSERVE_I8DOT_ROWS_CASE(5, format) KVSERVE_I8DOT_ROWS_CASE(6, format)                         \
-        KVSERVE_I8DOT_ROWS_CASE(7, format) default: strip_pass(8, format, q, k, strip, bias, out, out_stride, width); \
+#if KVSERVE_I8DOT_MAX_ROWS == 8
+#define KVSERVE_I8DOT_MORE_ROWS(format) \
+    KVSERVE_I8DOT_ROWS_CASE(4, format) KVSERVE_I8DOT_ROWS_CASE(5, format) \
+    KVSERVE_I8DOT_ROWS_CASE(6, format) KVSERVE_I8DOT_ROWS_CASE(7, format)
+#else
+#define KVSERVE_I8DOT_MORE_ROWS(format)
+#endif
+#define KVSERVE_I8DOT_ROWS(format)                                                                       \
+    switch (rows) {                                                                                      \
+        KVSERVE_I8DOT_ROWS_CASE(1, format) KVSERVE_I8DOT_ROWS_CASE(2, format)                            \
+        KVSERVE_I8DOT_ROWS_CASE(3, format) KVSERVE_I8DOT_MORE_ROWS(format)                               \
+        default: strip_pass(KVSERVE_I8DOT_MAX_ROWS, format, q, k, strip, bias, out, out_stride, width);  \
     }
 
-/* Per int32 lane, the sum of 4 products of signed 8-bit weight codes (-127..127) and activation codes.
- * VNNI takes an unsigned first operand: (q + 128) times x, less 128 times x. Without it the signs
- * move onto x, |q| times +-x by pairs (at most 2 * 127 * 128: no saturation). Exact either way. */
-static inline __attribute__((always_inline)) __m512i dot_s8_s8(__m512i codes, __m512i x) {
-#if defined(__AVX512VNNI__)
-    const __m512i offset = _mm512_set1_epi8((char)0x80);
-    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(codes, offset), x),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, x));
-#else
-    const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(codes), _mm512_setzero_si512(), x);
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(codes), signed_x), _mm512_set1_epi16(1));
-#endif
-}
-
 /* ROWS rows times one strip of 4 outputs in GRID_Q8_Q8 (Q8's strips: w = d * q): two outputs' 32
- * codes a vector, each lane 4 inputs of one output. */
-static inline __attribute__((always_inline)) void strip_pass_q8(const int ROWS, const quantized_row *rows, int64_t k,
-                                                                const uint8_t *strip, const float *bias, float *out,
-                                                                int64_t out_stride, int width) {
-    __m512 acc[2][KVSERVE_I8DOT_MAX_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
-    const __m512i first_two = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i last_two = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+ * codes a b64, each lane 4 inputs of one output. */
+I8_INLINE void strip_pass_q8(const int ROWS, const quantized_row *rows, int64_t k, const uint8_t *strip,
+                             const float *bias, float *out, int64_t out_stride, int width) {
+    v16 acc[2][KVSERVE_I8DOT_MAX_ROWS];
+    for (int r = 0; r < ROWS; r++) acc[0][r] = acc[1][r] = v16_zero();
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
         const uint8_t *blk = strip + g * block_bytes(GRID_Q8_Q8);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 128, _MM_HINT_T0);
-        const __m512i codes[2] = {_mm512_loadu_si512(blk), _mm512_loadu_si512(blk + 64)};
-        const __m512 d = _mm512_castps128_ps512(_mm_loadu_ps((const float *)(blk + KVSERVE_I8DOT_OUTS * 32)));
-        const __m512 d_lanes[2] = {_mm512_permutexvar_ps(first_two, d), _mm512_permutexvar_ps(last_two, d)};
+        const b64 codes[2] = {b64_load(blk), b64_load(blk + 64)};
+        const float *d = (const float *)(blk + KVSERVE_I8DOT_OUTS * 32);
+        const v16 d_lanes[2] = {v16_spread2(d), v16_spread2(d + 2)};
         for (int r = 0; r < ROWS; r++) {
-            const int8_t *xq = rows[r].codes + g * KVSERVE_I8DOT_GROUP;
-            const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xq));
-            const __m512 xs = _mm512_set1_ps(rows[r].scale[g]);
+            const b64 x = b64_repeat32(rows[r].codes + g * KVSERVE_I8DOT_GROUP);
+            const v16 xs = v16_set1(rows[r].scale[g]);
             for (int h = 0; h < 2; h++)
-                acc[h][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_s8_s8(codes[h], x)), _mm512_mul_ps(d_lanes[h], xs),
-                                            acc[h][r]);
+                acc[h][r] = v16_fma(v16_from_b64(b64_dot_s8_s8(codes[h], x)), v16_mul(d_lanes[h], xs), acc[h][r]);
         }
     }
     for (int r = 0; r < ROWS; r++) {
         float lanes[32];
-        _mm512_storeu_ps(lanes, acc[0][r]);
-        _mm512_storeu_ps(lanes + 16, acc[1][r]);
+        v16_store(lanes, acc[0][r]);
+        v16_store(lanes + 16, acc[1][r]);
         for (int o = 0; o < width; o++) {
             const float *l = lanes + 8 * o;
             out[r * out_stride + o] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])))
@@ -222,9 +331,11 @@ static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, 
                        const float *bias, float *out, int64_t out_stride, int width) {
     if (format == GRID_Q8_Q8) {
         switch (rows) {
-            KVSERVE_I8DOT_Q8_CASE(1) KVSERVE_I8DOT_Q8_CASE(2) KVSERVE_I8DOT_Q8_CASE(3) KVSERVE_I8DOT_Q8_CASE(4)
-            KVSERVE_I8DOT_Q8_CASE(5) KVSERVE_I8DOT_Q8_CASE(6) KVSERVE_I8DOT_Q8_CASE(7)
-            default: strip_pass_q8(8, q, k, strip, bias, out, out_stride, width); break;
+            KVSERVE_I8DOT_Q8_CASE(1) KVSERVE_I8DOT_Q8_CASE(2) KVSERVE_I8DOT_Q8_CASE(3)
+#if KVSERVE_I8DOT_MAX_ROWS == 8
+            KVSERVE_I8DOT_Q8_CASE(4) KVSERVE_I8DOT_Q8_CASE(5) KVSERVE_I8DOT_Q8_CASE(6) KVSERVE_I8DOT_Q8_CASE(7)
+#endif
+            default: strip_pass_q8(KVSERVE_I8DOT_MAX_ROWS, q, k, strip, bias, out, out_stride, width); break;
         }
     } else if (format == GRID_I4_Q8) {
         KVSERVE_I8DOT_ROWS(GRID_I4_Q8)
@@ -236,9 +347,9 @@ static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, 
 }
 #endif
 
-/* Whether this build has the kernel below (AVX-512 F and BW). */
+/* Whether this build has the kernel below (AVX-512 F and BW, or AVX2 + FMA + F16C). */
 int kvserve_grid_int8_dot_available(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(KVSERVE_I8DOT)
     return 1;
 #else
     return 0;
@@ -252,7 +363,7 @@ int kvserve_grid_int8_dot_available(void) {
 int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
                               int format, int64_t n, const float *bias, float *out, int64_t out_stride,
                               int num_threads) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(KVSERVE_I8DOT)
     if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8 && format != GRID_Q4H_Q8 && format != GRID_Q8_Q8)
         || k % KVSERVE_I8DOT_GROUP || m < 0)
         return 3;

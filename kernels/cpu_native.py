@@ -370,7 +370,7 @@ def linear_available() -> bool:
 
 def int8_dot_available() -> bool:
     """Whether int4 strips may multiply with int8-quantized activations here (cpu_grid_int8_dot.c:
-    AVX-512 F and BW)."""
+    AVX-512 F and BW, or AVX2 + FMA + F16C)."""
     lib = _library()
     return lib is not None and bool(lib.kvserve_grid_int8_dot_available())
 
@@ -504,7 +504,7 @@ def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_fea
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
     kind `bits` (2, 3, 4, 5, 6, 8, 9 or 16: its INT4, INT4_Q8, Q4, Q4_Q8, Q4H_Q8, Q8, Q8_Q8,
     Q8_HALVES), plus bias; None if the kernel declines (neither AVX-512 nor AVX2 + FMA + F16C, or for
-    the int8-activation kinds no AVX-512 BW: the caller's other path runs)."""
+    the int8-activation kinds AVX-512 without BW: the caller's other path runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None

@@ -11,12 +11,13 @@ stays as loaded, since a step reads only the rows of its tokens).
   torch's kernel at 1 row, 1.7x at 16, 1.4x at 1,024: loadtests/studies/cpu_kernels/linear_ab.py
   --int8); elsewhere `aten._weight_int8pack_mm`.
 - int4: asymmetric in groups of 32 along the input dimension (GGUF's Q4 block
-  size), the tinygemm convention w = (q - 8) * scale + zero. With AVX-512 BW the
-  grid kernel's strips run it at every row count on activations rounded to int8 per
-  block of 32 (kernels/cpu_grid_int8_dot.c, 1.5-2x torch's kernel from 1 to 128 rows);
-  else from 5 rows up the native tile kernel on float32 activations (1.45x torch's
-  at 8 rows, 1.4x at 16, 1.2x at 1,024), up to 4 rows the float32 strips over the
-  same codes; machines without either take `aten._weight_int4pack_mm_for_cpu`.
+  size), the tinygemm convention w = (q - 8) * scale + zero. With AVX-512 BW or AVX2
+  the grid kernel's strips run it at every row count on activations rounded to int8 per
+  block of 32 (kernels/cpu_grid_int8_dot.c, 1.5-2x torch's kernel from 1 to 128 rows
+  on AVX-512, 2-3.9x on AVX2); with KVSERVE_CPU_INT8_DOT=0, from 5 rows up the native
+  tile kernel on float32 activations (1.45x torch's at 8 rows, 1.4x at 16, 1.2x at
+  1,024), up to 4 rows the float32 strips over the same codes; machines without
+  either take `aten._weight_int4pack_mm_for_cpu`.
 
 Torch's kernels are fast only with bfloat16 activations (with float32 ones torch
 falls back to a loop ~50x slower than an fp32 matmul), so activations are cast
@@ -45,13 +46,16 @@ _ACT_DTYPE = torch.bfloat16
 
 
 def _strips_kind() -> int:
-    """The int4 strips' kind: where the machine has integer dot products (AVX-512 BW), INT4_Q8, which
-    multiplies the codes with activations quantized to int8 per block of 32, as llama.cpp's Q4 x Q8
-    dot does (kernels/cpu_grid_int8_dot.c), and then serves every row count; else INT4, float32
-    activations, up to 4 rows (the tiles take more). One step's projections on SmolLM2's shapes
-    (`linear_ab.py --int4`, Zen 4, 2 threads), ms, float32 strips / tiles / int8 strips: 1 row
-    5.1 / 7.2 / 3.5, 4 rows 9.4 / 9.8 / 6.9, 16 rows 31.2 / 27.0 / 19.8, 64 rows 126 / 101 / 73,
-    128 rows 245 / 198 / 145. KVSERVE_CPU_INT8_DOT=0 keeps INT4 (A/B measurements)."""
+    """The int4 strips' kind: where the machine has the int8 dot kernel (AVX-512 BW, or AVX2 + FMA +
+    F16C), INT4_Q8, which multiplies the codes with activations quantized to int8 per block of 32, as
+    llama.cpp's Q4 x Q8 dot does (kernels/cpu_grid_int8_dot.c), and then serves every row count; else
+    INT4, float32 activations, up to 4 rows (the tiles take more). One step's projections on
+    SmolLM2's shapes (`linear_ab.py --int4`, 2 threads), ms, float32 strips / tiles / int8 strips:
+    - Zen 4 (AVX-512): 1 row 5.1 / 7.2 / 3.5, 4 rows 9.4 / 9.8 / 6.9, 16 rows 31.2 / 27.0 / 19.8,
+      64 rows 126 / 101 / 73, 128 rows 245 / 198 / 145;
+    - Zen 3 (AVX2): 1 row 9.2 / 15.5 / 3.9, 4 rows 15.7 / 19.9 / 8.8, 16 rows 55.4 / 42.2 / 29.4,
+      64 rows 217 / 163 / 111, 128 rows 420 / 402 / 224.
+    KVSERVE_CPU_INT8_DOT=0 keeps INT4 (A/B measurements)."""
     if os.environ.get("KVSERVE_CPU_INT8_DOT", "1") != "0" and cpu_native.int8_dot_available():
         return grid_weights.INT4_Q8
     return grid_weights.INT4

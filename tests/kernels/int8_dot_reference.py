@@ -1,8 +1,10 @@
 """The arithmetic of kernels/cpu_grid_int8_dot.c in torch, for its tests: 4-bit codes times
-activations rounded to int8 per block of 32, summed in float64."""
+activations rounded to int8 per block of 32, summed in float64; and weights in each of its layouts."""
 from __future__ import annotations
 
 import torch
+
+from kvserve.backend.models import grid_weights
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,3 +32,36 @@ def int8_dot_reference(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     sums = x.view(m, k // 32, 32).double().sum(-1)
     return (torch.einsum("mng,ng,mg->mn", dots, scale.double(), xs)
             + torch.einsum("ng,mg->mn", zero.double(), sums))
+
+
+def int4_weight(n: int, k: int, seed: int):
+    """Random int4 codes with bfloat16 scales and zeros (the values `--quantization int4` keeps)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    scale = (torch.rand(n, k // 32, generator=g) * 0.02).bfloat16().float()
+    zero = (torch.randn(n, k // 32, generator=g) * 0.02).bfloat16().float()
+    return codes, scale, zero, grid_weights.int4_strips(codes, scale, zero, grid_weights.INT4_Q8)
+
+
+def q4_weight(n: int, k: int, seed: int):
+    """A float32 weight on GGUF's Q4_1 grid (d * q + m per block of 32, d and m float16 values, every
+    block's codes spanning 0..15) with its codes and constants."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    codes[:, ::32], codes[:, 1::32] = 0, 15
+    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half().float()
+    m = (-torch.rand(n, k // 32, generator=g) * 0.08).half().float()
+    weight = (codes.view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k)
+    return weight, codes, d, m
+
+
+def int8_dot_strip_kinds(n: int, k: int, seed: int) -> list[tuple[torch.Tensor, int]]:
+    """(strips, kind) of [n, k] weights in each of the kernel's four layouts: int4's codes (INT4_Q8), a
+    Q4_1 weight's grid with float32 and with float16 constants (Q4_Q8, Q4H_Q8), a Q8_0 weight's (Q8_Q8)."""
+    *_, int4 = int4_weight(n, k, seed)
+    q4 = grid_weights.find_grid(q4_weight(n, k, seed + 1)[0])
+    codes8 = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(seed + 2)).float()
+    codes8[:, ::32] = 127
+    q8 = grid_weights.find_grid((codes8.view(n, -1, 32) * 0.0078125).view(n, k))
+    return [(int4, grid_weights.INT4_Q8), (q4.strips, grid_weights.Q4_Q8),
+            (grid_weights.q4_strips_f16(q4), grid_weights.Q4H_Q8), (q8.strips, grid_weights.Q8_Q8)]

@@ -1,8 +1,8 @@
 """`--quantization int4`'s kernel with int8 activations (kernels/cpu_grid_int8_dot.c): over int4's
 codes and over GGUF's Q4 grid codes it is the product its doc states (activations rounded to int8
-per block of 32, the integer sums exact), a row's result depends on nothing beside it, and its two
-instruction paths (VNNI and AVX-512 BW) give the same bits. An int4 layer keeps a Q4 weight's own
-codes."""
+per block of 32, the integer sums exact), a row's result depends on nothing beside it, and its
+instruction paths give the same bits (VNNI and AVX-512 BW here; AVX2 in test_cpu_vector_isas.py). An
+int4 layer keeps a Q4 weight's own codes."""
 from __future__ import annotations
 
 import ctypes
@@ -17,27 +17,19 @@ from kvserve.backend.models import grid_weights
 from kvserve.backend.models.cpu_linear import PackedLinear
 from kvserve.backend.models.quantize import Int4Linear, int4_linear
 from kvserve.kernels import cpu_native
-from tests.kernels.int8_dot_reference import int8_dot_reference, quantized_activations
+from tests.kernels.int8_dot_reference import (int4_weight, int8_dot_reference, int8_dot_strip_kinds, q4_weight,
+                                              quantized_activations)
 
 pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
-                                reason="no int8 dot kernel here (needs AVX-512 BW and a C compiler)")
+                                reason="no int8 dot kernel here (needs AVX-512 BW or AVX2, and a C compiler)")
 
 _KERNEL = Path(cpu_native.__file__).with_name("cpu_grid_int8_dot.c")
-
-
-def _weight(n: int, k: int, seed: int):
-    """Random int4 codes with bfloat16 scales and zeros (the values `--quantization int4` keeps)."""
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-    scale = (torch.rand(n, k // 32, generator=g) * 0.02).bfloat16().float()
-    zero = (torch.randn(n, k // 32, generator=g) * 0.02).bfloat16().float()
-    return codes, scale, zero, grid_weights.int4_strips(codes, scale, zero, grid_weights.INT4_Q8)
 
 
 @pytest.mark.parametrize("n,k", [(7, 32), (48, 96), (130, 576)])  # a partial last strip; one block; SmolLM2's width
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 6])  # beyond 4 rows a second pass over the strip
 def test_the_product_is_the_int8_activation_arithmetic(n, k, m):
-    codes, scale, zero, strips = _weight(n, k, seed=n + k + m)
+    codes, scale, zero, strips = int4_weight(n, k, seed=n + k + m)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g) * 3
     x[0, :32] = 0  # an all-zero block: scale 0, codes 0
@@ -47,22 +39,10 @@ def test_the_product_is_the_int8_activation_arithmetic(n, k, m):
     torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
 
 
-def _q4_weight(n: int, k: int, seed: int):
-    """A float32 weight on GGUF's Q4_1 grid (d * q + m per block of 32, d and m float16 values, every
-    block's codes spanning 0..15) with its codes and constants."""
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-    codes[:, ::32], codes[:, 1::32] = 0, 15
-    d = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half().float()
-    m = (-torch.rand(n, k // 32, generator=g) * 0.08).half().float()
-    weight = (codes.view(n, -1, 32) * d[..., None] + m[..., None]).view(n, k)
-    return weight, codes, d, m
-
-
 @pytest.mark.parametrize("m", [1, 3, 8, 11])
 def test_q4_grid_codes_times_int8_activations(m):
     n, k = 37, 192
-    weight, codes, d, low = _q4_weight(n, k, seed=m)
+    weight, codes, d, low = q4_weight(n, k, seed=m)
     grid = grid_weights.find_grid(weight)
     assert grid is not None and grid.kind == grid_weights.Q4
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(9))
@@ -76,7 +56,7 @@ def test_q4_grid_codes_times_int8_activations(m):
 
 
 def test_int4_keeps_a_gguf_weights_own_codes():
-    weight, codes, d, low = _q4_weight(64, 128, seed=10)
+    weight, codes, d, low = q4_weight(64, 128, seed=10)
     layer = int4_linear(weight, None)
     # Q4_1's d and m are float16 values: the strips keep them so.
     assert isinstance(layer, Int4Linear) and layer.strip_kind == grid_weights.Q4H_Q8 and layer.native is None
@@ -135,7 +115,7 @@ def test_the_rounding_costs_what_8_bit_activations_cost():
     """Against float32 activations (the INT4 strips over the same codes), the error stays inside
     the bound of rounding each activation by half its block's step."""
     n, k = 64, 576
-    codes, scale, zero, strips = _weight(n, k, seed=3)
+    codes, scale, zero, strips = int4_weight(n, k, seed=3)
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(4))
     exact = cpu_native.grid_linear_strips(x, grid_weights.int4_strips(codes, scale, zero), grid_weights.INT4, n, None)
     got = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, None)
@@ -149,7 +129,7 @@ def test_the_rounding_costs_what_8_bit_activations_cost():
 
 def test_rows_and_threads_do_not_change_the_bits():
     n, k = 96, 192
-    _, _, _, strips = _weight(n, k, seed=5)
+    _, _, _, strips = int4_weight(n, k, seed=5)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(6))
     together = cpu_native.grid_linear_strips(x, strips, grid_weights.INT4_Q8, n, None)
     alone = torch.cat([cpu_native.grid_linear_strips(x[i:i + 1].clone(), strips, grid_weights.INT4_Q8, n, None)
@@ -180,14 +160,8 @@ def _has_vnni() -> bool:
 def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
     outs = []
     n, k, m = 67, 320, 4
-    _, _, _, strips = _weight(n, k, seed=7)
+    kinds = int8_dot_strip_kinds(n, k, seed=7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8)) * 10
-    q4_weight, *_ = _q4_weight(n, k, seed=12)
-    q4_grid = grid_weights.find_grid(q4_weight)
-    q4, q4h = q4_grid.strips, grid_weights.q4_strips_f16(q4_grid)
-    codes8 = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(14)).float()
-    codes8[:, ::32] = 127
-    q8 = grid_weights.find_grid((codes8.view(n, -1, 32) * 0.0078125).view(n, k)).strips
     for name, extra in (("vnni", []), ("bw", ["-mno-avx512vnni"])):
         path = tmp_path / f"{name}.so"
         subprocess.run([shutil.which("cc"), *cpu_native._FLAGS, *extra, "-o", str(path), str(_KERNEL)], check=True,
@@ -196,8 +170,6 @@ def test_the_vnni_and_bw_paths_give_the_same_bits(tmp_path):
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.kvserve_grid_int8_dot_f32.argtypes = [p, i64, i64, i64, p, ctypes.c_int, i64, p, p, i64, ctypes.c_int]
         out = torch.full((4, m, n), float("nan"))
-        kinds = ((strips, grid_weights.INT4_Q8), (q4, grid_weights.Q4_Q8), (q4h, grid_weights.Q4H_Q8),
-                 (q8, grid_weights.Q8_Q8))
         for i, (packed, kind) in enumerate(kinds):
             assert lib.kvserve_grid_int8_dot_f32(x.data_ptr(), k, m, k, packed.data_ptr(), kind, n, None,
                                                  out[i].data_ptr(), n, 2) == 0

@@ -1,6 +1,6 @@
 """The native kernels' two vector builds (kernels/cpu_vec16.h: AVX-512, and AVX2 + FMA + F16C) give
-the same results bit for bit: the linear tiles of every weight format, the grid strips, the paged
-decode attention over every cache format, and the cache widening.
+the same results bit for bit: the linear tiles of every weight format, the grid strips (float32 and
+int8 activations), the paged decode attention over every cache format, and the cache widening.
 
 Both builds are compiled here from the same sources (the AVX2 one with -march=x86-64-v3) and run
 on the same inputs, so this runs only on a machine with AVX-512 and a C compiler."""
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kvserve.kernels import cpu_native
+from tests.kernels.int8_dot_reference import int8_dot_strip_kinds
 
 _COMPILER = shutil.which("cc") or shutil.which("gcc")
 
@@ -46,6 +47,7 @@ def builds(tmp_path_factory):
         lib.kvserve_linear_i8_f32.argtypes = [p, i64, i64, i64, p, p, i64, p, p, i64, i32]
         lib.kvserve_linear_grouped_f32.argtypes = [p, i64, i64, i64, p, i32, p, p, i64, p, p, i64, i32]
         lib.kvserve_grid_linear_f32.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i64, i32]
+        lib.kvserve_grid_int8_dot_f32.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i64, i32]
         lib.kvserve_paged_decode.argtypes = [p, p, p, i32, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, f32, i32]
         lib.kvserve_kv_to_f32.argtypes = [p, i32, p, i64, p]
         lib.kvserve_kv_to_f32.restype = None
@@ -104,6 +106,17 @@ def test_grid_strips(builds, m, bits, block_bytes):
     packed = torch.randn((n + 3) // 4 * (k // 32) * block_bytes // 4, generator=g)
     _both(builds, lambda lib, out: lib.kvserve_grid_linear_f32(x.data_ptr(), k, m, k, packed.data_ptr(), bits, n,
                                                                bias.data_ptr(), out.data_ptr(), n, 2), (m, n))
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 17])  # AVX2 passes 4 rows at a time, AVX-512 8
+def test_int8_dot_strips(builds, m):
+    n, k = 37, 160
+    g = torch.Generator().manual_seed(m)
+    x, bias = torch.randn(m, k, generator=g) * 4, torch.randn(n, generator=g)
+    x[0, :32] = 0  # a block of zeros: scale 0
+    for strips, kind in int8_dot_strip_kinds(n, k, seed=m):
+        _both(builds, lambda lib, out: lib.kvserve_grid_int8_dot_f32(x.data_ptr(), k, m, k, strips.data_ptr(), kind, n,
+                                                                     bias.data_ptr(), out.data_ptr(), n, 2), (m, n))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])

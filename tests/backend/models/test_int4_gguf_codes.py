@@ -19,7 +19,7 @@ from tests.backend.models.gguf_writer import write_random_gguf
 from tests.backend.worker.test_native_decode import _assert_native_equals_per_op
 
 pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
-                                reason="int4 keeps 4-bit codes on the int8 dot kernel (AVX-512 BW) only")
+                                reason="int4 keeps 4-bit codes on the int8 dot kernel (AVX-512 BW or AVX2) only")
 
 PROMPTS = [[5, 17, 42], [300, 2, 9, 9, 9, 120, 64], list(range(40, 70))]
 
