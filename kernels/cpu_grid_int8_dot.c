@@ -20,7 +20,10 @@
  *   where they are float16 values (Q4_1's are: a sixth fewer bytes; at one row the float32 form took
  *   1.13x the time of int4's 80-byte blocks);
  * - GRID_Q8_Q8, likewise GRID_Q8's strips (w = d * q, q in -127..127: Q8_0 and Q4_0's codes), whose
- *   32 code bytes per output and block are signed (dot_s8_s8).
+ *   32 code bytes per output and block are signed (dot_s8_s8);
+ * - GRID_Q8H_Q8, GRID_Q8_HALVES's strips (w = d * q + m with d and m per 16 inputs, q in -128..127:
+ *   Q5_1's, Q5_K's and Q6_K's codes, the types a Q4_K_M file mixes in). A lane's 4 products lie in
+ *   one half, so each lane takes its half's d; the m term takes the float32 sum of each half of x.
  *
  * The arithmetic, per row, block g and output o (xs, xq: the row's block scale and int8 codes):
  *   GRID_I4_Q8:  sum_j w_j x_j  ~  s * xs * (sum_j q_j xq_j - 8 sum_j xq_j)  +  z * sum_j x_j
@@ -39,12 +42,14 @@
 
 #define KVSERVE_I8DOT_GROUP 32
 #define KVSERVE_I8DOT_OUTS 4
-enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5, GRID_Q4H_Q8 = 6, GRID_Q8_Q8 = 9 }; /* grid_weights.py's kinds */
+enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5, GRID_Q4H_Q8 = 6, GRID_Q8_Q8 = 9, GRID_Q8H_Q8 = 17 }; /* grid_weights.py's kinds */
 
 /* A strip's block: the 4 outputs' codes (16 bytes each, 32 for Q8), then their 4 scales (and 4
- * zeros): bfloat16 for GRID_I4_Q8, float16 for GRID_Q4H_Q8, else float32. */
+ * zeros): bfloat16 for GRID_I4_Q8, float16 for GRID_Q4H_Q8, else float32; GRID_Q8H_Q8's d of the
+ * first 16 inputs, d of the last 16, then m likewise. */
 static inline int64_t block_bytes(int format) {
-    return format == GRID_Q8_Q8 ? KVSERVE_I8DOT_OUTS * 32 + KVSERVE_I8DOT_OUTS * 4
+    return format == GRID_Q8H_Q8  ? KVSERVE_I8DOT_OUTS * 32 + KVSERVE_I8DOT_OUTS * 16
+           : format == GRID_Q8_Q8 ? KVSERVE_I8DOT_OUTS * 32 + KVSERVE_I8DOT_OUTS * 4
                                 : KVSERVE_I8DOT_OUTS * 16 + KVSERVE_I8DOT_OUTS * (format == GRID_Q4_Q8 ? 8 : 4);
 }
 #define KVSERVE_I8DOT_PREFETCH_BYTES (16 * 1024)
@@ -104,6 +109,13 @@ I8_INLINE v16 v16_spread4(__m128 s) {
 /* Lanes 0-7: d[0]; lanes 8-15: d[1]. */
 I8_INLINE v16 v16_spread2(const float *d) {
     return _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1);
+}
+/* d8: 4 outputs' d of their first 16 inputs, then of their last 16. Lanes 0-3: output 2p's first,
+ * 4-7: its last, 8-11: output 2p + 1's first, 12-15: its last. */
+I8_INLINE v16 v16_spread_halves(const float *d8, int p) {
+    const __m512i by_lane = _mm512_add_epi32(_mm512_set_epi32(5, 5, 5, 5, 1, 1, 1, 1, 4, 4, 4, 4, 0, 0, 0, 0),
+                                             _mm512_set1_epi32(2 * p));
+    return _mm512_permutexvar_ps(by_lane, _mm512_castps256_ps512(_mm256_loadu_ps(d8)));
 }
 /* 32 floats rounded to int8 codes (x * inverse to nearest, saturated) at `codes`; returns their sum. */
 I8_INLINE int quantize_block(const float *x, float inverse, int8_t *codes) {
@@ -171,6 +183,12 @@ I8_INLINE v16 v16_spread4(__m128 s) {
                     _mm256_permutevar8x32_ps(s2, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)));
 }
 I8_INLINE v16 v16_spread2(const float *d) { return v16_make(_mm256_set1_ps(d[0]), _mm256_set1_ps(d[1])); }
+I8_INLINE v16 v16_spread_halves(const float *d8, int p) {
+    const __m256 d = _mm256_loadu_ps(d8);
+    const __m256i first = _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), _mm256_set1_epi32(2 * p));
+    return v16_make(_mm256_permutevar8x32_ps(d, first),
+                    _mm256_permutevar8x32_ps(d, _mm256_add_epi32(first, _mm256_set1_epi32(1))));
+}
 /* 16 int32 as 16 saturated int8, in order (the packs interleave 128-bit blocks: put them back). */
 I8_INLINE __m128i saturated_i8(__m256i lo, __m256i hi) {
     const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
@@ -206,6 +224,7 @@ typedef struct {
     float *scale;      /* [k / 32]: max |x| / 127 */
     float *code_term;  /* [k / 32]: the scale's factor besides the codes' dot: -8 * xs * sum(xq) (+ 8 * sum(x), Q4) */
     float *sum;        /* [k / 32]: the float32 sum of x (the weights' zero term) */
+    float *half_sum;   /* [k / 16], GRID_Q8H_Q8 only: the float32 sum of each 16 inputs of x (its m terms) */
 } quantized_row;
 
 static void quantize_row(const float *x, int64_t k, int format, quantized_row q) {
@@ -219,6 +238,10 @@ static void quantize_row(const float *x, int64_t k, int format, quantized_row q)
         q.sum[g] = v16_reduce_add(v16_add(v16_load(xg), v16_load(xg + 16)));
         const int centred = format == GRID_Q4_Q8 || format == GRID_Q4H_Q8; /* codes 0..15 moved to -8..7 */
         q.code_term[g] = -8.0f * scale * (float)code_sum + (centred ? 8.0f * q.sum[g] : 0.0f);
+        if (format == GRID_Q8H_Q8) {
+            q.half_sum[2 * g] = v16_reduce_add(v16_load(xg));
+            q.half_sum[2 * g + 1] = v16_reduce_add(v16_load(xg + 16));
+        }
     }
 }
 
@@ -291,52 +314,73 @@ I8_INLINE void strip_pass(const int ROWS, const int FORMAT, const quantized_row 
         default: strip_pass(KVSERVE_I8DOT_MAX_ROWS, format, q, k, strip, bias, out, out_stride, width);  \
     }
 
-/* ROWS rows times one strip of 4 outputs in GRID_Q8_Q8 (Q8's strips: w = d * q): two outputs' 32
- * codes a b64, each lane 4 inputs of one output. */
-I8_INLINE void strip_pass_q8(const int ROWS, const quantized_row *rows, int64_t k, const uint8_t *strip,
-                             const float *bias, float *out, int64_t out_stride, int width) {
+/* ROWS rows times one strip of 4 outputs in GRID_Q8_Q8 (Q8's strips: w = d * q) or, with HALVES,
+ * GRID_Q8H_Q8 (w = d * q + m, d and m per 16 inputs): two outputs' 32 codes a b64, each lane 4
+ * inputs of one output (of one half). */
+I8_INLINE void strip_pass_q8(const int ROWS, const int HALVES, const quantized_row *rows, int64_t k,
+                             const uint8_t *strip, const float *bias, float *out, int64_t out_stride, int width) {
+    const int FORMAT = HALVES ? GRID_Q8H_Q8 : GRID_Q8_Q8;
     v16 acc[2][KVSERVE_I8DOT_MAX_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[0][r] = acc[1][r] = v16_zero();
+    __m128 term[KVSERVE_I8DOT_MAX_ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        acc[0][r] = acc[1][r] = v16_zero();
+        term[r] = _mm_setzero_ps();
+    }
     for (int64_t g = 0; g < k / KVSERVE_I8DOT_GROUP; g++) {
-        const uint8_t *blk = strip + g * block_bytes(GRID_Q8_Q8);
+        const uint8_t *blk = strip + g * block_bytes(FORMAT);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES, _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + KVSERVE_I8DOT_PREFETCH_BYTES + 128, _MM_HINT_T0);
         const b64 codes[2] = {b64_load(blk), b64_load(blk + 64)};
         const float *d = (const float *)(blk + KVSERVE_I8DOT_OUTS * 32);
-        const v16 d_lanes[2] = {v16_spread2(d), v16_spread2(d + 2)};
+        const v16 d_lanes[2] = {HALVES ? v16_spread_halves(d, 0) : v16_spread2(d),
+                                HALVES ? v16_spread_halves(d, 1) : v16_spread2(d + 2)};
         for (int r = 0; r < ROWS; r++) {
             const b64 x = b64_repeat32(rows[r].codes + g * KVSERVE_I8DOT_GROUP);
             const v16 xs = v16_set1(rows[r].scale[g]);
             for (int h = 0; h < 2; h++)
                 acc[h][r] = v16_fma(v16_from_b64(b64_dot_s8_s8(codes[h], x)), v16_mul(d_lanes[h], xs), acc[h][r]);
+            if (HALVES) {
+                term[r] = _mm_fmadd_ps(_mm_loadu_ps(d + 8), _mm_set1_ps(rows[r].half_sum[2 * g]), term[r]);
+                term[r] = _mm_fmadd_ps(_mm_loadu_ps(d + 12), _mm_set1_ps(rows[r].half_sum[2 * g + 1]), term[r]);
+            }
         }
     }
     for (int r = 0; r < ROWS; r++) {
-        float lanes[32];
+        float lanes[32], terms[4];
         v16_store(lanes, acc[0][r]);
         v16_store(lanes + 16, acc[1][r]);
+        _mm_storeu_ps(terms, term[r]);
         for (int o = 0; o < width; o++) {
             const float *l = lanes + 8 * o;
-            out[r * out_stride + o] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])))
-                                      + (bias ? bias[o] : 0.0f);
+            const float dots = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            out[r * out_stride + o] = (HALVES ? dots + terms[o] : dots) + (bias ? bias[o] : 0.0f);
         }
     }
 }
 
-#define KVSERVE_I8DOT_Q8_CASE(n) \
-    case n: strip_pass_q8(n, q, k, strip, bias, out, out_stride, width); break;
+#define KVSERVE_I8DOT_Q8_CASE(n, halves) \
+    case n: strip_pass_q8(n, halves, q, k, strip, bias, out, out_stride, width); break;
+#if KVSERVE_I8DOT_MAX_ROWS == 8
+#define KVSERVE_I8DOT_Q8_MORE_ROWS(halves) \
+    KVSERVE_I8DOT_Q8_CASE(4, halves) KVSERVE_I8DOT_Q8_CASE(5, halves) \
+    KVSERVE_I8DOT_Q8_CASE(6, halves) KVSERVE_I8DOT_Q8_CASE(7, halves)
+#else
+#define KVSERVE_I8DOT_Q8_MORE_ROWS(halves)
+#endif
+#define KVSERVE_I8DOT_Q8_ROWS(halves)                                                                    \
+    switch (rows) {                                                                                      \
+        KVSERVE_I8DOT_Q8_CASE(1, halves) KVSERVE_I8DOT_Q8_CASE(2, halves)                                \
+        KVSERVE_I8DOT_Q8_CASE(3, halves) KVSERVE_I8DOT_Q8_MORE_ROWS(halves)                              \
+        default: strip_pass_q8(KVSERVE_I8DOT_MAX_ROWS, halves, q, k, strip, bias, out, out_stride, width); \
+    }
 
 static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, const uint8_t *strip,
                        const float *bias, float *out, int64_t out_stride, int width) {
     if (format == GRID_Q8_Q8) {
-        switch (rows) {
-            KVSERVE_I8DOT_Q8_CASE(1) KVSERVE_I8DOT_Q8_CASE(2) KVSERVE_I8DOT_Q8_CASE(3)
-#if KVSERVE_I8DOT_MAX_ROWS == 8
-            KVSERVE_I8DOT_Q8_CASE(4) KVSERVE_I8DOT_Q8_CASE(5) KVSERVE_I8DOT_Q8_CASE(6) KVSERVE_I8DOT_Q8_CASE(7)
-#endif
-            default: strip_pass_q8(KVSERVE_I8DOT_MAX_ROWS, q, k, strip, bias, out, out_stride, width); break;
-        }
+        KVSERVE_I8DOT_Q8_ROWS(0)
+    } else if (format == GRID_Q8H_Q8) {
+        KVSERVE_I8DOT_Q8_ROWS(1)
     } else if (format == GRID_I4_Q8) {
         KVSERVE_I8DOT_ROWS(GRID_I4_Q8)
     } else if (format == GRID_Q4H_Q8) {
@@ -356,7 +400,8 @@ int kvserve_grid_int8_dot_available(void) {
 #endif
 }
 
-/* out [m][n] = x [m][k] times the strips `packed` in `format` (GRID_I4_Q8, GRID_Q4_Q8, GRID_Q4H_Q8 or GRID_Q8_Q8),
+/* out [m][n] = x [m][k] times the strips `packed` in `format` (GRID_I4_Q8, GRID_Q4_Q8, GRID_Q4H_Q8, GRID_Q8_Q8
+ * or GRID_Q8H_Q8),
  * with x quantized to int8 per block of 32, plus bias [n] when given. Returns nonzero where this
  * build cannot run it, the format is another, k is not a multiple of 32, or memory for the quantized
  * rows is short. */
@@ -364,14 +409,15 @@ int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64
                               int format, int64_t n, const float *bias, float *out, int64_t out_stride,
                               int num_threads) {
 #if defined(KVSERVE_I8DOT)
-    if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8 && format != GRID_Q4H_Q8 && format != GRID_Q8_Q8)
-        || k % KVSERVE_I8DOT_GROUP || m < 0)
+    if ((format != GRID_I4_Q8 && format != GRID_Q4_Q8 && format != GRID_Q4H_Q8 && format != GRID_Q8_Q8
+         && format != GRID_Q8H_Q8) || k % KVSERVE_I8DOT_GROUP || m < 0)
         return 3;
     const int64_t groups = k / KVSERVE_I8DOT_GROUP;
-    char *scratch = malloc((size_t)(m * k + 3 * m * groups * (int64_t)sizeof(float) + 1));
+    /* per row: scale, code_term and sum per block, two half sums per block, then the codes */
+    char *scratch = malloc((size_t)(m * k + 5 * m * groups * (int64_t)sizeof(float) + 1));
     if (!scratch) return 5;
     float *floats = (float *)scratch;
-    int8_t *codes = (int8_t *)(floats + 3 * m * groups);
+    int8_t *codes = (int8_t *)(floats + 5 * m * groups);
     quantized_row *q = malloc((size_t)(m + 1) * sizeof(quantized_row));
     if (!q) {
         free(scratch);
@@ -379,7 +425,7 @@ int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64
     }
     for (int64_t r = 0; r < m; r++) {
         q[r] = (quantized_row){codes + r * k, floats + r * groups, floats + (m + r) * groups,
-                               floats + (2 * m + r) * groups};
+                               floats + (2 * m + r) * groups, floats + 3 * m * groups + 2 * r * groups};
         quantize_row(x + r * x_stride, k, format, q[r]);
     }
     const int64_t strips = (n + KVSERVE_I8DOT_OUTS - 1) / KVSERVE_I8DOT_OUTS;

@@ -36,9 +36,9 @@
  * cpu_linear.c's int4 tiles compute, so the strips serve that mode's few-row steps too). */
 enum { GRID_I4 = 2, GRID_Q4 = 4, GRID_Q8 = 8, GRID_Q8_HALVES = 16 };
 /* Codes multiplied with activations quantized to int8 (cpu_grid_int8_dot.c, which has their
- * layouts): GRID_I4's with bfloat16 constants, GRID_Q4's with float16 ones, GRID_Q4's and GRID_Q8's
- * as they are. */
-enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5, GRID_Q4H_Q8 = 6, GRID_Q8_Q8 = 9 };
+ * layouts): GRID_I4's with bfloat16 constants, GRID_Q4's with float16 ones, GRID_Q4's, GRID_Q8's and
+ * GRID_Q8_HALVES's as they are. */
+enum { GRID_I4_Q8 = 3, GRID_Q4_Q8 = 5, GRID_Q4H_Q8 = 6, GRID_Q8_Q8 = 9, GRID_Q8H_Q8 = 17 };
 int kvserve_grid_int8_dot_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed,
                               int format, int64_t n, const float *bias, float *out, int64_t out_stride,
                               int num_threads);
@@ -254,7 +254,8 @@ int kvserve_grid_rows_f32(const uint8_t *packed, int bits, int64_t k, int64_t n,
  * cannot run it (no vector path: cpu_vec16.h) or the arguments are not a layout it knows. */
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
-    if (bits == GRID_I4_Q8 || bits == GRID_Q4_Q8 || bits == GRID_Q4H_Q8 || bits == GRID_Q8_Q8)
+    if (bits == GRID_I4_Q8 || bits == GRID_Q4_Q8 || bits == GRID_Q4H_Q8 || bits == GRID_Q8_Q8
+        || bits == GRID_Q8H_Q8)
         return kvserve_grid_int8_dot_f32(x, x_stride, m, k, packed, bits, n, bias, out, out_stride, num_threads);
 #if defined(KVSERVE_VEC16)
     if ((bits != GRID_Q4 && bits != GRID_I4 && bits != GRID_Q8 && bits != GRID_Q8_HALVES) || k % KVSERVE_GRID_GROUP)

@@ -502,15 +502,15 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
 def grid_linear_strips(x: torch.Tensor, packed: torch.Tensor, bits: int, out_features: int,
                        bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] (float32 rows, unit column stride) times a weight in grid_weights.py's strips of
-    kind `bits` (2, 3, 4, 5, 6, 8, 9 or 16: its INT4, INT4_Q8, Q4, Q4_Q8, Q4H_Q8, Q8, Q8_Q8,
-    Q8_HALVES), plus bias; None if the kernel declines (neither AVX-512 nor AVX2 + FMA + F16C, or for
+    kind `bits` (2, 3, 4, 5, 6, 8, 9, 16 or 17: its INT4, INT4_Q8, Q4, Q4_Q8, Q4H_Q8, Q8, Q8_Q8,
+    Q8_HALVES, Q8H_Q8), plus bias; None if the kernel declines (neither AVX-512 nor AVX2 + FMA + F16C, or for
     the int8-activation kinds AVX-512 without BW: the caller's other path runs)."""
     lib = _library()
     if lib is None or not _rows_ok(x):
         return None
     rows, k = x.shape
     # cpu_grid_linear.c's and cpu_grid_int8_dot.c's block_bytes()
-    block_bytes = {2: 96, 3: 80, 4: 96, 5: 96, 6: 80, 8: 144, 9: 144, 16: 192}.get(bits, 0)
+    block_bytes = {2: 96, 3: 80, 4: 96, 5: 96, 6: 80, 8: 144, 9: 144, 16: 192, 17: 192}.get(bits, 0)
     strips = (out_features + 3) // 4
     if (not block_bytes or k % 32 or packed.dtype != torch.uint8 or packed.numel() != strips * (k // 32) * block_bytes
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()

@@ -35,6 +35,7 @@ INT4_Q8 = 3  # GRID_I4_Q8: the same codes with bfloat16 constants, times int8 ac
 Q4_Q8 = 5  # GRID_Q4_Q8: Q4's strips as they are, times int8 activations (`--quantization int4` on Q4 grids)
 Q4H_Q8 = 6  # GRID_Q4H_Q8: Q4's codes with float16 d and m, times int8 activations (q4_strips_f16)
 Q8_Q8 = 9  # GRID_Q8_Q8: Q8's strips as they are, times int8 activations (`--quantization int4` on Q8 grids)
+Q8H_Q8 = 17  # GRID_Q8H_Q8: Q8_HALVES's strips as they are, times int8 activations (int4 on Q5_1, Q5_K, Q6_K)
 GROUP = 32  # inputs per block: GGUF's Q4_1 / Q8_0 block size (cpu_grid_linear.c's KVSERVE_GRID_GROUP)
 STRIP = 4  # outputs per strip (cpu_grid_linear.c's KVSERVE_GRID_OUTS)
 _SAMPLE_ROWS = 64

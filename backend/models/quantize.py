@@ -160,17 +160,18 @@ _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 # The grid kinds whose strips the int8 dot kernel reads as they are, and the kind it reads them as.
-_WITH_INT8_ACTIVATIONS = {grid_weights.Q4: grid_weights.Q4_Q8, grid_weights.Q8: grid_weights.Q8_Q8}
+_WITH_INT8_ACTIVATIONS = {grid_weights.Q4: grid_weights.Q4_Q8, grid_weights.Q8: grid_weights.Q8_Q8,
+                          grid_weights.Q8_HALVES: grid_weights.Q8H_Q8}
 
 
 def int4_linear(weight: torch.Tensor, bias: torch.Tensor | None, few_rows: bool = False,
                 codes: gguf_codes.BlockCodes | None = None) -> nn.Module:
     """`--quantization int4`'s layer for `weight`. A weight that a GGUF file quantized already (its
     float32 values on one of GGUF's block grids: grid_weights.py) keeps its own codes, exact, as
-    llama.cpp runs a file's own types: Q4's and Q8's grids on the int8-activation strips
-    (Int4Linear's Q4_Q8, Q4H_Q8, Q8_Q8); the others (Q8_HALVES: Q5_1 and the K types but Q4_K), and
-    all of them where those strips do not run, on the grid kernels as without --quantization
-    (cpu_linear.PackedLinear; `few_rows`: the logits projection). Rounding them to int4 again moved
+    llama.cpp runs a file's own types: on the int8-activation strips (Int4Linear's Q4_Q8 and Q4H_Q8
+    for Q4's grids, Q8_Q8 for Q8's, Q8H_Q8 for Q8_HALVES': Q5_1, Q5_K, Q6_K), or where those strips do
+    not run, on the grid kernels as without --quantization (cpu_linear.PackedLinear; `few_rows`: the
+    logits projection). Rounding them to int4 again moved
     SmolLM2's Q4_1 file far more than int8 activations do: +3.5 % perplexity from its Q8_0 logits
     projection alone, against +0.5 % from the int8 activations of its layers (BENCHMARKS.md §7,
     nineteenth point). Other weights are rounded to int4. `codes`: the blocks the loader read for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.backend.models import grid_weights
+from kvserve.backend.models import gguf_codes, grid_weights
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,12 +56,41 @@ def q4_weight(n: int, k: int, seed: int):
 
 
 def int8_dot_strip_kinds(n: int, k: int, seed: int) -> list[tuple[torch.Tensor, int]]:
-    """(strips, kind) of [n, k] weights in each of the kernel's four layouts: int4's codes (INT4_Q8), a
-    Q4_1 weight's grid with float32 and with float16 constants (Q4_Q8, Q4H_Q8), a Q8_0 weight's (Q8_Q8)."""
+    """(strips, kind) of [n, k] weights in each of the kernel's layouts: int4's codes (INT4_Q8), a Q4_1
+    weight's grid with float32 and with float16 constants (Q4_Q8, Q4H_Q8), a Q8_0 weight's (Q8_Q8), a
+    Q6_K-like one's (Q8H_Q8)."""
     *_, int4 = int4_weight(n, k, seed)
     q4 = grid_weights.find_grid(q4_weight(n, k, seed + 1)[0])
     codes8 = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(seed + 2)).float()
     codes8[:, ::32] = 127
     q8 = grid_weights.find_grid((codes8.view(n, -1, 32) * 0.0078125).view(n, k))
+    halves_weight, halves_codes = q8_halves_weight(n, k, seed + 3)
+    halves = grid_weights.from_codes(halves_codes, halves_weight)
     return [(int4, grid_weights.INT4_Q8), (q4.strips, grid_weights.Q4_Q8),
-            (grid_weights.q4_strips_f16(q4), grid_weights.Q4H_Q8), (q8.strips, grid_weights.Q8_Q8)]
+            (grid_weights.q4_strips_f16(q4), grid_weights.Q4H_Q8), (q8.strips, grid_weights.Q8_Q8),
+            (halves.strips, grid_weights.Q8H_Q8)]
+
+
+def q8_halves_weight(n: int, k: int, seed: int, low: int = -128,
+                     high: int = 128) -> tuple[torch.Tensor, gguf_codes.BlockCodes]:
+    """A float32 weight [n, k] of GGUF's Q8_HALVES form (step * q + offset, q in [low, high), step and
+    offset float16 values per 16 inputs, as Q5_1's, Q5_K's and Q6_K's blocks give) with its codes."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(low, high, (n, k), generator=g)
+    step = (torch.rand(n, k // 16, generator=g) * 0.01 + 1e-4).half().float()
+    offset = (torch.randn(n, k // 16, generator=g) * 0.05).half().float()
+    weight = q.float() * step.repeat_interleave(16, dim=1) + offset.repeat_interleave(16, dim=1)  # step * q exact
+    return weight, gguf_codes.BlockCodes(gguf_codes.Q8_HALVES, q.to(torch.int8).numpy(), step.numpy(), offset.numpy())
+
+
+def q8_halves_reference(x: torch.Tensor, codes: gguf_codes.BlockCodes) -> torch.Tensor:
+    """x [M, K] times a Q8_HALVES weight as the kernel computes it, in float64: per half of a block,
+    step * xs * sum(q * xq) + offset * sum(x)."""
+    m, k = x.shape
+    xq, xs = quantized_activations(x)
+    q = torch.from_numpy(codes.codes).double().view(-1, k // 32, 2, 16)
+    step = torch.from_numpy(codes.step).double().view(-1, k // 32, 2)
+    offset = torch.from_numpy(codes.offset).double().view(-1, k // 32, 2)
+    dots = torch.einsum("mghj,nghj->mngh", xq.view(m, k // 32, 2, 16), q)
+    sums = x.view(m, k // 32, 2, 16).double().sum(-1)
+    return torch.einsum("mngh,ngh,mg->mn", dots, step, xs) + torch.einsum("ngh,mgh->mn", offset, sums)

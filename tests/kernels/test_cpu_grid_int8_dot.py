@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import PackedLinear
 from kvserve.backend.models.quantize import Int4Linear, int4_linear
 from kvserve.kernels import cpu_native
 from tests.kernels.int8_dot_reference import (int4_weight, int8_dot_reference, int8_dot_strip_kinds, q4_weight,
-                                              quantized_activations)
+                                              q8_halves_reference, q8_halves_weight, quantized_activations)
 
 pytestmark = pytest.mark.skipif(not cpu_native.int8_dot_available(),
                                 reason="no int8 dot kernel here (needs AVX-512 BW or AVX2, and a C compiler)")
@@ -74,13 +73,11 @@ def test_int4_keeps_a_gguf_weights_own_codes():
     kept = int4_linear(q8_weight, None, few_rows=True)
     assert isinstance(kept, Int4Linear) and kept.strip_kind == grid_weights.Q8_Q8 and kept.grid.kind == grid_weights.Q8
     torch.testing.assert_close(kept(x).double(), _q8_reference(x, q8_weight), atol=1e-5, rtol=1e-5)
-    # GGUF's other kinds (8-bit codes with d and m per 16 inputs: Q5_1, Q5_K, Q6_K) keep the exact grid kernels.
-    halves = (q8.view(64, -1, 16) * (torch.rand(64, 8, 1, generator=g) * 0.01).half().float()
-              + (torch.rand(64, 8, 1, generator=g) * 0.1).half().float()).view(64, 128)
-    exact = int4_linear(halves, None)
-    if exact.grid is not None and exact.grid.kind == grid_weights.Q8_HALVES:
-        assert isinstance(exact, PackedLinear)
-        torch.testing.assert_close(exact(x), x @ halves.T, atol=1e-5, rtol=1e-5)
+    # 8-bit codes with d and m per 16 inputs (Q5_1, Q5_K, Q6_K) keep theirs on the same kernel.
+    halves, halves_codes = q8_halves_weight(64, 128, seed=14, low=-32, high=32)  # Q6_K's range
+    kept = int4_linear(halves, None, codes=halves_codes)
+    assert isinstance(kept, Int4Linear) and kept.strip_kind == grid_weights.Q8H_Q8
+    torch.testing.assert_close(kept(x).double(), q8_halves_reference(x, halves_codes), atol=1e-5, rtol=1e-5)
     # A weight on no grid is rounded to int4 as before.
     other = int4_linear(weight * (1 + 2 ** -18), None)
     assert isinstance(other, Int4Linear) and other.strip_kind == grid_weights.INT4_Q8
@@ -109,6 +106,26 @@ def test_q8_grid_codes_times_int8_activations(m):
     got = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q8_Q8, n, None)
     want = _q8_reference(x, weight)
     torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9])
+@pytest.mark.parametrize("low,high", [(-128, 128), (0, 32), (-32, 32)])  # every code; Q5's; Q6_K's
+def test_q8_halves_codes_times_int8_activations(m, low, high):
+    n, k = 41, 192
+    weight, codes = q8_halves_weight(n, k, seed=30 + m, low=low, high=high)
+    grid = grid_weights.from_codes(codes, weight)
+    assert grid is not None and grid.kind == grid_weights.Q8_HALVES
+    g = torch.Generator().manual_seed(m)
+    x, bias = torch.randn(m, k, generator=g) * 2, torch.randn(n, generator=g)
+    x[0, 32:64] = 0
+    got = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q8H_Q8, n, bias)
+    want = q8_halves_reference(x, codes) + bias.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=0)
+    # Against float32 activations (the exact kernel over the same strips), only the rounding of x moved it.
+    exact = cpu_native.grid_linear_strips(x, grid.strips, grid_weights.Q8_HALVES, n, bias)
+    half_steps = (x.view(m, -1, 32).abs().amax(-1) / 254).repeat_interleave(32, dim=1)
+    coded = torch.from_numpy(codes.codes).float().abs() * torch.from_numpy(codes.step).repeat_interleave(16, dim=1)
+    assert ((got - exact).abs() <= half_steps @ coded.T * 1.01 + 1e-4).all()
 
 
 def test_the_rounding_costs_what_8_bit_activations_cost():

@@ -1,7 +1,7 @@
-"""`--quantization int4` on a GGUF file keeps each tensor's own codes (quantize.int4_linear): Q4's
-and Q8's grids on the int8-activation strips, GGUF's other types on the exact grid kernels, the
-tied table as its codes. The weights the kernels read are the file's bit for bit, and decoding stays close to the
-unquantized engine on the same file."""
+"""`--quantization int4` on a GGUF file keeps each tensor's own codes (quantize.int4_linear): Q4's,
+Q8's and Q8_HALVES' grids (Q6_K's) on the int8-activation strips, the tied table as its codes. The
+weights the kernels read are the file's bit for bit, and decoding stays close to the unquantized
+engine on the same file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ import torch
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import CodedEmbedding, PackedLinear
+from kvserve.backend.models.cpu_linear import CodedEmbedding
 from kvserve.backend.models.loader import load_model
 from kvserve.backend.models.quantize import Int4Linear, quantize_model
 from kvserve.kernels import cpu_native
@@ -36,7 +36,7 @@ def _grid(linear) -> grid_weights.GridWeight:
 
 
 @pytest.mark.parametrize("kind,strip_kind", [("Q4_1", grid_weights.Q4H_Q8), ("Q4_K", grid_weights.Q4_Q8),
-                                             ("Q8_0", grid_weights.Q8_Q8), ("Q6_K", None)])
+                                             ("Q8_0", grid_weights.Q8_Q8), ("Q6_K", grid_weights.Q8H_Q8)])
 def test_int4_keeps_the_files_codes(kind, strip_kind, tmp_path: Path):
     path = write_random_gguf(tmp_path / f"random-{kind}.gguf", kind, seed=3)
     llm = LLM(model=str(path), dtype="float32", quantization="int4", max_num_seqs=4)
@@ -45,23 +45,21 @@ def test_int4_keeps_the_files_codes(kind, strip_kind, tmp_path: Path):
     for layer, ref in zip(model.layers, loaded.layers):
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             linear, weight = getattr(layer, name), getattr(ref, name).weight
-            # 4- and 8-bit codes on the int8-activation strips; GGUF's other types on the exact grid kernels.
-            assert type(linear) is (PackedLinear if strip_kind is None else Int4Linear), (kind, name)
+            # Every type with codes on the int8-activation strips.
+            assert type(linear) is Int4Linear, (kind, name)
             if strip_kind is not None and kind == "Q4_K":  # float16 constants wherever its products are float16 values
                 assert linear.strip_kind in (grid_weights.Q4_Q8, grid_weights.Q4H_Q8)
             else:
-                assert strip_kind is None or linear.strip_kind == strip_kind
-            # The codes are the file's weights exactly (the int8-activation kinds read Q4's and Q8's strips).
+                assert linear.strip_kind == strip_kind
+            # The codes are the file's weights exactly (the int8-activation kinds read the grids' strips).
             assert torch.equal(grid_weights.dequantize(_grid(linear)), weight), (kind, name)
     exact = LLM(model=str(path), dtype="float32", max_num_seqs=4)
     assert type(model.embed_tokens) is type(exact.engine.runner.model.embed_tokens)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     ref = [o.outputs[0].token_ids for o in exact.generate(PROMPTS, params)]
-    if strip_kind is None:  # nothing was requantized and no activation rounded: the unquantized path itself
-        assert got == ref
-    else:  # int8 activations: the first tokens agree
-        assert sum(g[0] == r[0] for g, r in zip(got, ref)) >= 2, (got, ref)
+    # Nothing was requantized, but the activations are rounded to int8: the first tokens agree.
+    assert sum(g[0] == r[0] for g, r in zip(got, ref)) >= 2, (got, ref)
 
 
 def test_a_tied_table_on_a_grid_serves_the_lookup_as_its_codes():
