@@ -105,10 +105,6 @@ class Int4Linear(nn.Module):
         zero = (lo + 8 * scale).to(_ACT_DTYPE).float()
         # Codes from the rounded scale and zero: q = (w - zero) / scale + 8.
         q = ((w - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).view(out_features, in_features)
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-        # [in / group, out, 2]: (scale, zero) of each group, as the kernel takes them.
-        scales_and_zeros = torch.stack((scale.squeeze(-1), zero.squeeze(-1)), dim=-1).transpose(0, 1)
-        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous().to(_ACT_DTYPE))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group_size = group_size
         self.out_features, self.in_features = out_features, in_features
@@ -121,8 +117,8 @@ class Int4Linear(nn.Module):
         # and zeros, so they compute the same dequantized weight.
         self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
                        if native_group and not int8_activations else None)
-        # `grid`: the weight's own codes on GGUF's Q4 or Q8 grids (int4_linear), kept for the strips
-        # instead of the codes above (which torch's fallback keeps).
+        # `grid`: the weight's own codes on GGUF's grids (int4_linear), kept for the strips instead of
+        # the codes above.
         # `self.grid`: those codes as their grid, where the strips are its (a tied table's lookup reads
         # them: CodedEmbedding).
         self.grid = None
@@ -139,21 +135,34 @@ class Int4Linear(nn.Module):
             # rows), where the tiles' unpacking is not shared by enough rows.
             self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
                            if int8_activations or self.native is not None else None)
+        # torch's own int4 copy only where no native kernel holds the weight (no C compiler or vector
+        # unit, another group size): with one, every activation dtype goes through it, and the weight
+        # is in memory once (both: 80 MiB more RSS for SmolLM2-135M, 159 MiB for Gemma 3 270M).
+        packed = scales_and_zeros = None
+        if self.strips is None:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            # [in / group, out, 2]: (scale, zero) of each group, as the kernel takes them.
+            scales_and_zeros = torch.stack((scale.squeeze(-1), zero.squeeze(-1)), dim=-1).transpose(0, 1)
+            scales_and_zeros = scales_and_zeros.contiguous().to(_ACT_DTYPE)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.strips is not None and x.dtype == torch.float32 and (x.dim() != 2 or not x.is_contiguous()):
-            return self(x.reshape(-1, self.in_features).contiguous()).view(*x.shape[:-1], self.out_features)
-        if self.strips is not None and x.dtype == torch.float32:
-            if self.native is not None and x.shape[0] >= INT4_NATIVE_MIN_ROWS:
-                y = cpu_native.linear_i4(x, self.native, self.out_features, self.bias)
-            else:
-                y = cpu_native.grid_linear_strips(x, self.strips, self.strip_kind, self.out_features, self.bias)
-            if y is not None:
-                return y
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE), self.packed,
-                                                       self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        if self.strips is None:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).to(_ACT_DTYPE),
+                                                           self.packed, self.group_size, self.scales_and_zeros)
+            y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias
+        # The native kernels take contiguous float32 rows (no copy where x is such already).
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        bias = None if self.bias is None else self.bias.float()
+        if self.native is not None and rows.shape[0] >= INT4_NATIVE_MIN_ROWS:
+            y = cpu_native.linear_i4(rows, self.native, self.out_features, bias)
+        else:
+            y = cpu_native.grid_linear_strips(rows, self.strips, self.strip_kind, self.out_features, bias)
+        if y is None:  # the kernels decline only without memory for their scratch
+            raise RuntimeError("quantization: the native int4 kernel could not run (out of memory?)")
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -216,18 +225,6 @@ def quantize_model(model: nn.Module, mode: str, device: torch.device,
         if tied and grid is not None:  # a tied table kept as its codes serves the lookup too, as unquantized
             model.embed_tokens = CodedEmbedding(grid)
         codes.clear()
-        if model.lm_head is not None:  # untied: the float copy is never read again
-            model.lm_head = None
-    return model
-    if device.type != "cpu":
-        raise ValueError(f"quantization: {mode!r} uses torch's CPU kernels; it is not available on {device.type}")
-    with torch.no_grad():
-        for layer in model.layers:
-            for name in _LINEARS:
-                linear = getattr(layer, name)
-                setattr(layer, name, _quantized(mode, linear.weight, linear.bias))
-        weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head
-        model.logits_proj = _quantized(mode, weight, None, few_rows=True)
         if model.lm_head is not None:  # untied: the float copy is never read again
             model.lm_head = None
     return model

@@ -80,6 +80,24 @@ def test_int4_strips_and_tiles_read_the_same_weights(monkeypatch):
                                    atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None, reason="no native CPU kernels here")
+def test_int4_keeps_one_copy_of_its_codes_and_takes_any_activation_dtype():
+    gen = torch.Generator().manual_seed(3)
+    layer = Int4Linear(torch.randn(40, 64, generator=gen) * 0.05, torch.randn(40, generator=gen).bfloat16())
+    assert layer.strips is not None and layer.packed is None and layer.scales_and_zeros is None
+    x = torch.randn(2, 3, 64, generator=gen)
+    want = layer(x)
+    assert want.shape == (2, 3, 40) and want.dtype == torch.float32
+    # bfloat16 rows go through the same kernel (widened exactly), their result rounded back.
+    got = layer(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, layer(x.bfloat16().float()).bfloat16(), atol=0, rtol=0)
+    # Without the native kernels (another group size here) torch's int4 copy is kept and runs.
+    other = Int4Linear(torch.randn(16, 128, generator=gen), None, group_size=64)
+    assert other.strips is None and other.packed is not None
+    assert other(torch.randn(3, 128, generator=gen)).shape == (3, 16)
+
+
 def test_int4_needs_group_divisible_inputs():
     with pytest.raises(ValueError, match="quantization: int4 needs input sizes divisible by 32"):
         Int4Linear(torch.randn(8, 40), None)
