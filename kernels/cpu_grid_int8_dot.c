@@ -298,22 +298,6 @@ I8_INLINE void strip_pass(const int ROWS, const int FORMAT, const quantized_row 
     }
 }
 
-#define KVSERVE_I8DOT_ROWS_CASE(n, format) \
-    case n: strip_pass(n, format, q, k, strip, bias, out, out_stride, width); break;
-#if KVSERVE_I8DOT_MAX_ROWS == 8
-#define KVSERVE_I8DOT_MORE_ROWS(format) \
-    KVSERVE_I8DOT_ROWS_CASE(4, format) KVSERVE_I8DOT_ROWS_CASE(5, format) \
-    KVSERVE_I8DOT_ROWS_CASE(6, format) KVSERVE_I8DOT_ROWS_CASE(7, format)
-#else
-#define KVSERVE_I8DOT_MORE_ROWS(format)
-#endif
-#define KVSERVE_I8DOT_ROWS(format)                                                                       \
-    switch (rows) {                                                                                      \
-        KVSERVE_I8DOT_ROWS_CASE(1, format) KVSERVE_I8DOT_ROWS_CASE(2, format)                            \
-        KVSERVE_I8DOT_ROWS_CASE(3, format) KVSERVE_I8DOT_MORE_ROWS(format)                               \
-        default: strip_pass(KVSERVE_I8DOT_MAX_ROWS, format, q, k, strip, bias, out, out_stride, width);  \
-    }
-
 /* ROWS rows times one strip of 4 outputs in GRID_Q8_Q8 (Q8's strips: w = d * q) or, with HALVES,
  * GRID_Q8H_Q8 (w = d * q + m, d and m per 16 inputs): two outputs' 32 codes a b64, each lane 4
  * inputs of one output (of one half). */
@@ -359,34 +343,36 @@ I8_INLINE void strip_pass_q8(const int ROWS, const int HALVES, const quantized_r
     }
 }
 
-#define KVSERVE_I8DOT_Q8_CASE(n, halves) \
-    case n: strip_pass_q8(n, halves, q, k, strip, bias, out, out_stride, width); break;
+/* `pass`(ROWS, variant, ...) for the run-time `rows` (1..KVSERVE_I8DOT_MAX_ROWS), each row count a
+ * compile-time constant. */
+#define KVSERVE_I8DOT_CASE(pass, n, variant) \
+    case n: pass(n, variant, q, k, strip, bias, out, out_stride, width); break;
 #if KVSERVE_I8DOT_MAX_ROWS == 8
-#define KVSERVE_I8DOT_Q8_MORE_ROWS(halves) \
-    KVSERVE_I8DOT_Q8_CASE(4, halves) KVSERVE_I8DOT_Q8_CASE(5, halves) \
-    KVSERVE_I8DOT_Q8_CASE(6, halves) KVSERVE_I8DOT_Q8_CASE(7, halves)
+#define KVSERVE_I8DOT_MORE_ROWS(pass, variant) \
+    KVSERVE_I8DOT_CASE(pass, 4, variant) KVSERVE_I8DOT_CASE(pass, 5, variant) \
+    KVSERVE_I8DOT_CASE(pass, 6, variant) KVSERVE_I8DOT_CASE(pass, 7, variant)
 #else
-#define KVSERVE_I8DOT_Q8_MORE_ROWS(halves)
+#define KVSERVE_I8DOT_MORE_ROWS(pass, variant)
 #endif
-#define KVSERVE_I8DOT_Q8_ROWS(halves)                                                                    \
+#define KVSERVE_I8DOT_ROWS(pass, variant)                                                                \
     switch (rows) {                                                                                      \
-        KVSERVE_I8DOT_Q8_CASE(1, halves) KVSERVE_I8DOT_Q8_CASE(2, halves)                                \
-        KVSERVE_I8DOT_Q8_CASE(3, halves) KVSERVE_I8DOT_Q8_MORE_ROWS(halves)                              \
-        default: strip_pass_q8(KVSERVE_I8DOT_MAX_ROWS, halves, q, k, strip, bias, out, out_stride, width); \
+        KVSERVE_I8DOT_CASE(pass, 1, variant) KVSERVE_I8DOT_CASE(pass, 2, variant)                        \
+        KVSERVE_I8DOT_CASE(pass, 3, variant) KVSERVE_I8DOT_MORE_ROWS(pass, variant)                      \
+        default: pass(KVSERVE_I8DOT_MAX_ROWS, variant, q, k, strip, bias, out, out_stride, width);       \
     }
 
 static void strip_rows(int rows, int format, const quantized_row *q, int64_t k, const uint8_t *strip,
                        const float *bias, float *out, int64_t out_stride, int width) {
     if (format == GRID_Q8_Q8) {
-        KVSERVE_I8DOT_Q8_ROWS(0)
+        KVSERVE_I8DOT_ROWS(strip_pass_q8, 0)
     } else if (format == GRID_Q8H_Q8) {
-        KVSERVE_I8DOT_Q8_ROWS(1)
+        KVSERVE_I8DOT_ROWS(strip_pass_q8, 1)
     } else if (format == GRID_I4_Q8) {
-        KVSERVE_I8DOT_ROWS(GRID_I4_Q8)
+        KVSERVE_I8DOT_ROWS(strip_pass, GRID_I4_Q8)
     } else if (format == GRID_Q4H_Q8) {
-        KVSERVE_I8DOT_ROWS(GRID_Q4H_Q8)
+        KVSERVE_I8DOT_ROWS(strip_pass, GRID_Q4H_Q8)
     } else {
-        KVSERVE_I8DOT_ROWS(GRID_Q4_Q8)
+        KVSERVE_I8DOT_ROWS(strip_pass, GRID_Q4_Q8)
     }
 }
 #endif
