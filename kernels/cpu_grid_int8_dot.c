@@ -20,7 +20,7 @@
  *   where they are float16 values (Q4_1's are: a sixth fewer bytes; at one row the float32 form took
  *   1.13x the time of int4's 80-byte blocks);
  * - GRID_Q8_Q8, likewise GRID_Q8's strips (w = d * q, q in -127..127: Q8_0 and Q4_0's codes), whose
- *   32 code bytes per output and block are signed (dot_s8_s8);
+ *   32 code bytes per output and block are signed (b64_dot_s8_s8);
  * - GRID_Q8H_Q8, GRID_Q8_HALVES's strips (w = d * q + m with d and m per 16 inputs, q in -128..127:
  *   Q5_1's, Q5_K's and Q6_K's codes, the types a Q4_K_M file mixes in). A lane's 4 products lie in
  *   one half, so each lane takes its half's d; the m term takes the float32 sum of each half of x.
@@ -33,10 +33,10 @@
  * projection then rounded to int4 as well: +6.1 % perplexity uncentred, +3.9 % centred).
  * The zero's term uses the float32 sum of x, not the codes. The integer sums are exact, so the
  * AVX-512 VNNI, AVX-512 BW (vpmaddubsw + vpmaddwd) and AVX2 paths give the same bits (the float
- * operations are cpu_vec16.h's, the same lane by lane). Activations are
- * rounded to 8 bits per block (|x| / max|x| * 127): this mode's accuracy cost grows by that
- * rounding, which loadtests/studies/quant_accuracy.py measures. A row's results do not depend on
- * the rows beside it nor on the thread count. */
+ * operations are cpu_vec16.h's, the same lane by lane). Activations are rounded to 8 bits per block
+ * (|x| / max|x| * 127): this mode's accuracy cost grows by that rounding, which
+ * loadtests/studies/quant_accuracy.py measures. A row's results do not depend on the rows beside it
+ * nor on the thread count. */
 #include <stdint.h>
 #include <stdlib.h>
 
