@@ -14,7 +14,7 @@ stays as loaded, since a step reads only the rows of its tokens).
   size), the tinygemm convention w = (q - 8) * scale + zero. With AVX-512 BW or AVX2
   the grid kernel's strips run it at every row count on activations rounded to int8 per
   block of 32 (kernels/cpu_grid_int8_dot.c, 1.5-2x torch's kernel from 1 to 128 rows
-  on AVX-512, 2-3.9x on AVX2); with KVSERVE_CPU_INT8_DOT=0, from 5 rows up the native
+  on AVX-512, 1.9-3.9x on AVX2); with KVSERVE_CPU_INT8_DOT=0, from 5 rows up the native
   tile kernel on float32 activations (1.45x torch's at 8 rows, 1.4x at 16, 1.2x at
   1,024), up to 4 rows the float32 strips over the same codes; machines without
   either take `aten._weight_int4pack_mm_for_cpu`.
