@@ -90,6 +90,19 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int4's rounding of `weight` [N, K]: codes [N, K] (int32, 0..15) and the scale and zero [N, K / group]
+    of each group, bfloat16 values, with w ~ (q - 8) * scale + zero."""
+    out_features, in_features = weight.shape
+    w = weight.detach().float().view(out_features, in_features // group_size, group_size)
+    lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(_ACT_DTYPE).float()
+    zero = (lo + 8 * scale).to(_ACT_DTYPE).float()
+    # Codes from the rounded scale and zero: q = (w - zero) / scale + 8.
+    q = ((w - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).view(out_features, in_features)
+    return q, scale.squeeze(-1), zero.squeeze(-1)
+
+
 class Int4Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE,
@@ -99,12 +112,6 @@ class Int4Linear(nn.Module):
         if in_features % group_size:
             raise ValueError(f"quantization: int4 needs input sizes divisible by {group_size}, "
                              f"a layer has {in_features}")
-        w = weight.detach().float().view(out_features, in_features // group_size, group_size)
-        lo, hi = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp(min=1e-8).to(_ACT_DTYPE).float()
-        zero = (lo + 8 * scale).to(_ACT_DTYPE).float()
-        # Codes from the rounded scale and zero: q = (w - zero) / scale + 8.
-        q = ((w - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).view(out_features, in_features)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group_size = group_size
         self.out_features, self.in_features = out_features, in_features
@@ -113,15 +120,12 @@ class Int4Linear(nn.Module):
         # With int8 activations the strips serve every row count (faster than the tiles from 1 to 128
         # rows: _strips_kind), so the tiles are not kept as well.
         int8_activations = native_group and self.strip_kind == grid_weights.INT4_Q8
-        # The native tiles (None without them, or for another group size): the same codes, scales
-        # and zeros, so they compute the same dequantized weight.
-        self.native = (cpu_native.pack_linear_i4(q, scale.squeeze(-1), zero.squeeze(-1))
-                       if native_group and not int8_activations else None)
         # `grid`: the weight's own codes on GGUF's grids (int4_linear), kept for the strips instead of
-        # the codes above.
+        # int4's own rounding, which is then not computed.
         # `self.grid`: those codes as their grid, where the strips are its (a tied table's lookup reads
         # them: CodedEmbedding).
-        self.grid = None
+        self.grid = self.native = None
+        packed = scales_and_zeros = None
         if grid is not None and int8_activations and grid.kind in _WITH_INT8_ACTIVATIONS:
             halves = grid_weights.q4_strips_f16(grid) if grid.kind == grid_weights.Q4 else None
             if halves is not None:  # float16 constants (Q4_1's): fewer bytes, the same values
@@ -130,20 +134,23 @@ class Int4Linear(nn.Module):
                 self.grid = grid._replace(tiles=None)  # the grid kernels' tiles are not read here
                 self.strips, self.strip_kind = grid.strips, _WITH_INT8_ACTIVATIONS[grid.kind]
         else:
+            q, scale, zero = _int4_codes(weight, group_size)
+            # The native tiles (None without them, or for another group size): the same codes, scales
+            # and zeros, so they compute the same dequantized weight.
+            self.native = (cpu_native.pack_linear_i4(q, scale, zero)
+                           if native_group and not int8_activations else None)
             # int4's codes in the grid kernel's strips: with int8 activations for every row count; with
             # float32 ones below INT4_NATIVE_MIN_ROWS (a row of a decode step, a speculative step's few
             # rows), where the tiles' unpacking is not shared by enough rows.
-            self.strips = (grid_weights.int4_strips(q, scale.squeeze(-1), zero.squeeze(-1), self.strip_kind)
+            self.strips = (grid_weights.int4_strips(q, scale, zero, self.strip_kind)
                            if int8_activations or self.native is not None else None)
-        # torch's own int4 copy only where no native kernel holds the weight (no C compiler or vector
-        # unit, another group size): with one, every activation dtype goes through it, and the weight
-        # is in memory once (both: 80 MiB more RSS for SmolLM2-135M, 159 MiB for Gemma 3 270M).
-        packed = scales_and_zeros = None
-        if self.strips is None:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-            # [in / group, out, 2]: (scale, zero) of each group, as the kernel takes them.
-            scales_and_zeros = torch.stack((scale.squeeze(-1), zero.squeeze(-1)), dim=-1).transpose(0, 1)
-            scales_and_zeros = scales_and_zeros.contiguous().to(_ACT_DTYPE)
+            # torch's own int4 copy only where no native kernel holds the weight (no C compiler or vector
+            # unit, another group size): with one, every activation dtype goes through it, and the weight
+            # is in memory once (both: 80 MiB more RSS for SmolLM2-135M, 159 MiB for Gemma 3 270M).
+            if self.strips is None:
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+                # [in / group, out, 2]: (scale, zero) of each group, as the kernel takes them.
+                scales_and_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(_ACT_DTYPE)
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
 
