@@ -19,9 +19,10 @@
  * - each (output, row) sums in one vector, reduced at the end of the strip.
  *
  * It suits few rows: the codes are expanded once per pass of 4 rows (AVX-512; under AVX2 one row
- * a pass, or 2-4 rows with the strip's outputs in turn), and from 5 rows on cpu_linear.c's tiles
- * over the same codes are faster (backend/models/cpu_linear.py's GRID_STRIP_MAX_ROWS switches
- * there). A row's sums are the same whatever rows run beside it. Threads split the strips. The
+ * a pass, or 2-6 rows with the strip's outputs in turn), and past one call's rows
+ * (kvserve_grid_strip_rows: 4, or 6 under AVX2) cpu_linear.c's tiles over the same codes are
+ * faster (backend/models/cpu_linear.py switches there). A row's sums are the same whatever rows
+ * run beside it. Threads split the strips. The
  * vectors are cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with the same sums in the same order);
  * without either the entry point returns nonzero and the caller keeps its other path. */
 #include <stdint.h>
@@ -145,7 +146,7 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
     else                                                                      \
         pass(n, GRID_Q8_HALVES, x, x_stride, k, strip, bias, out, out_stride, width);
 
-/* AVX2 at 2-4 rows (a speculative step's verified rows, a small batch): its 16 registers hold one
+/* AVX2 at 2-6 rows (a speculative step's verified rows, a small batch): its 16 registers hold one
  * row of strip_pass's sums, so it would take a pass per row, each widening every code again; the
  * widening costs about as many instructions as a row's FMAs, on cores where the FMAs are the
  * bound. Here the strip's outputs take turns instead: one output's sums for every row stay in
@@ -153,7 +154,11 @@ static inline __attribute__((always_inline)) void strip_pass(const int ROWS, con
  * so each code is widened once. Each (output, row) sum is strip_pass's FMAs in strip_pass's
  * order: the same bits as one row at a time. */
 #if KVSERVE_GRID_PASS_ROWS == 1
-#define KVSERVE_GRID_OUTPUT_ROWS 4 /* 8 of AVX2's 16 registers */
+/* 12 of AVX2's 16 registers at 6 rows. One step's projections on SmolLM2's shapes, 2 threads, Zen 3
+ * (linear_ab.py --grid): 16.2 / 16.9 ms at 5 / 6 rows, against 22.1 / 22.9 as a 4-row call and a
+ * second one, and the tiles' 17.5-20.7 / 21.8-24.7. A seventh row's sums would leave no register
+ * for the codes. */
+#define KVSERVE_GRID_OUTPUT_ROWS 6
 
 static inline __attribute__((always_inline)) void strip_pass_by_output(const int ROWS, const int BITS, const float *x,
                                                                        int64_t x_stride, int64_t k,
@@ -208,11 +213,22 @@ static void strip_rows(int rows, int bits, const float *x, int64_t x_stride, int
         KVSERVE_GRID_CASE(2) KVSERVE_GRID_CASE(3) KVSERVE_GRID_CASE(4)
 #else
         KVSERVE_GRID_OUTPUT_CASE(2) KVSERVE_GRID_OUTPUT_CASE(3) KVSERVE_GRID_OUTPUT_CASE(4)
+        KVSERVE_GRID_OUTPUT_CASE(5) KVSERVE_GRID_OUTPUT_CASE(6)
 #endif
         default: break;
     }
 }
 #endif
+
+/* The rows one call of the strips takes in a pass, widening each code once: past them a step is
+ * better served by cpu_linear.c's grid tiles. 0 where this build has no vector path. */
+int kvserve_grid_strip_rows(void) {
+#if defined(KVSERVE_VEC16)
+    return KVSERVE_GRID_CALL_ROWS;
+#else
+    return 0;
+#endif
+}
 
 /* Rows ids[0..count) of the float32 weight [n][k] whose strips `packed` holds, expanded into out
  * [count][k]: an embedding lookup over a table kept only as its codes (a tied embedding). Each value
@@ -250,8 +266,9 @@ int kvserve_grid_rows_f32(const uint8_t *packed, int bits, int64_t k, int64_t n,
 
 /* out [m][n] (row stride out_stride) = x [m][k] (row stride x_stride) times the grid-coded weight
  * `packed` (grid_weights.py's strip layout of `bits`-bit codes, k a multiple of 32), plus bias [n]
- * when given. Rows beyond 4 take further passes over the weight. Returns nonzero when this build
- * cannot run it (no vector path: cpu_vec16.h) or the arguments are not a layout it knows. */
+ * when given. Rows beyond kvserve_grid_strip_rows() take further passes over the weight. Returns
+ * nonzero when this build cannot run it (no vector path: cpu_vec16.h) or the arguments are not a
+ * layout it knows. */
 int kvserve_grid_linear_f32(const float *x, int64_t x_stride, int64_t m, int64_t k, const uint8_t *packed, int bits,
                             int64_t n, const float *bias, float *out, int64_t out_stride, int num_threads) {
     if (bits == GRID_I4_Q8 || bits == GRID_Q4_Q8 || bits == GRID_Q4H_Q8 || bits == GRID_Q8_Q8

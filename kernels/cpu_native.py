@@ -131,6 +131,8 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_grid_rows_f32.argtypes = [p, ctypes.c_int, i64, i64, p, i64, p]
     lib.kvserve_grid_rows_f32.restype = ctypes.c_int
     lib.kvserve_grid_int8_dot_available.argtypes = []
+    lib.kvserve_grid_strip_rows.argtypes = []
+    lib.kvserve_grid_strip_rows.restype = ctypes.c_int
     lib.kvserve_grid_int8_dot_available.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
@@ -373,6 +375,14 @@ def int8_dot_available() -> bool:
     AVX-512 F and BW, or AVX2 + FMA + F16C)."""
     lib = _library()
     return lib is not None and bool(lib.kvserve_grid_int8_dot_available())
+
+
+@functools.cache
+def grid_strip_rows() -> int:
+    """The rows up to which `grid_linear_strips` widens each code once (4 under AVX-512, 6 under AVX2),
+    past which `linear_grid`'s tiles serve a step faster; 0 where the kernels do not run."""
+    lib = _library()
+    return int(lib.kvserve_grid_strip_rows()) if lib is not None else 0
 
 
 def pack_linear(weight: torch.Tensor) -> torch.Tensor | None:

@@ -20,8 +20,8 @@ KVSERVE_CPU_NATIVE=0 keeps oneDNN's copy only.
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
 tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 4 rows
-kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512:
-GRID_STRIP_MAX_ROWS), then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
+kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512;
+up to 6 rows under AVX2: PackedLinear.strip_max_rows), then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
 32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.
 The weights the products use are the float32 ones exactly. KVSERVE_CPU_GRID=0 keeps the
 float32 tiles.
@@ -42,13 +42,13 @@ from kvserve.kernels import cpu_native
 
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 NATIVE_MAX_ROWS = 64  # at most this many rows take the native kernels (see above)
-# At most this many rows take the grid strips; more, the grid tiles (see above). One step's projections
-# on SmolLM2's shapes, 2 threads (`linear_ab.py --grid`), strips / tiles in ms: on a Zen 4 EPYC with
-# AVX-512, 5.8 / 9.9 at 1 row, 8.8 / 9.9 at 4, 14.6 / 12.4 at 5, 16.2 / 13.2 at 6; the same machine's
-# AVX2 build (its strips then widen the codes once for 2-4 rows), 7.7 / 11.8 at 1, 10.3 / 13.4 at 2,
-# 14.6 / 15.6 at 4, 20.2 / 17.6 at 5. Before that AVX2 change its strips streamed the whole weight
-# once per row (14.8 / 18.3 ms at 1 row, 26.3 / 21.5 at 2 on a Zen 1 EPYC), and took one row only.
-GRID_STRIP_MAX_ROWS = 4
+# The grid strips take a step of up to cpu_native.grid_strip_rows() rows, the rows one call widens each code
+# for; more, the grid tiles (see above). One step's projections on SmolLM2's shapes, 2 threads
+# (`linear_ab.py --grid`), strips / tiles in ms: on a Zen 4 EPYC with AVX-512 (4 rows a call), 5.8 / 9.9
+# at 1 row, 8.8 / 9.9 at 4, 14.6 / 12.4 at 5, 16.2 / 13.2 at 6; under AVX2 (6 rows a call, the strip's
+# outputs in turn) on a Zen 3 EPYC, 8.4 / 11.9 at 1, 12.9 / 14.9 at 4, 16.2 / 17.5 at 5, 16.9 / 21.8
+# at 6, 24.6 / 24.4 at 7. Before AVX2 widened the codes once for several rows, its strips streamed the
+# whole weight once per row (14.8 / 18.3 ms at 1 row, 26.3 / 21.5 at 2 on a Zen 1 EPYC).
 
 
 class PackedLinear(nn.Module):
@@ -75,6 +75,7 @@ class PackedLinear(nn.Module):
             self.grid = grid_weights.from_codes(codes, weight) if codes is not None else None
             self.grid = self.grid or grid_weights.find_grid(weight)
         self.native = cpu_native.pack_linear(weight) if runs and self.grid is None else None
+        self.strip_max_rows = cpu_native.grid_strip_rows() if self.grid is not None else 0
         tiled = self.native is not None or (self.grid is not None and self.grid.tiles is not None)
         one_copy = (few_rows and tiled) or (self.native is not None and not keep_onednn)
         self.max_native_rows = (1 << 62) if one_copy else NATIVE_MAX_ROWS
@@ -87,7 +88,7 @@ class PackedLinear(nn.Module):
             return self(x.reshape(-1, self.in_features).contiguous()).view(*x.shape[:-1], self.out_features)
         rows = x.shape[0] if x.dim() == 2 else NATIVE_MAX_ROWS + 1
         out = None
-        if self.grid is not None and rows <= GRID_STRIP_MAX_ROWS:
+        if self.grid is not None and rows <= self.strip_max_rows:
             out = cpu_native.grid_linear_strips(x, self.grid.strips, self.grid.kind, self.out_features, self.bias)
         elif self.grid is not None and self.grid.tiles is not None and rows <= self.max_native_rows:
             out = cpu_native.linear_grid(x, self.grid.tiles, self.grid.kind, self.out_features, self.bias)

@@ -32,16 +32,11 @@ import torch
 from torch import nn
 
 from kvserve.backend.models import gguf_codes, grid_weights
-from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, CodedEmbedding, PackedLinear
+from kvserve.backend.models.cpu_linear import CodedEmbedding, PackedLinear
 from kvserve.kernels import cpu_native
 
 QUANTIZATION_MODES = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32
-# From this many rows the int4 tiles of cpu_linear.c; fewer, the same codes in cpu_grid_linear.c's
-# strips, as for the grid codes. One step's projections on SmolLM2's shapes, ms, torch's int4
-# kernel / the tiles / the strips (linear_ab.py --int4, Zen 4 with AVX-512, 2 threads): 1 row
-# 7.4 / 9.7 / 5.5, 2 rows 8.4 / 10.3 / 6.6, 4 rows 10.3 / 10.9 / 9.9, 6 rows 17.5 / 12.8 / 15.5.
-INT4_NATIVE_MIN_ROWS = GRID_STRIP_MAX_ROWS + 1
 _ACT_DTYPE = torch.bfloat16
 
 
@@ -125,6 +120,12 @@ class Int4Linear(nn.Module):
         # `self.grid`: those codes as their grid, where the strips are its (a tied table's lookup reads
         # them: CodedEmbedding).
         self.grid = self.native = None
+        # With float32 activations, from this many rows the int4 tiles of cpu_linear.c; fewer, the same
+        # codes in cpu_grid_linear.c's strips, as for the grid codes (past the rows one call of the strips
+        # widens each code for). One step's projections on SmolLM2's shapes, ms, torch's int4 kernel / the
+        # tiles / the strips (linear_ab.py --int4, Zen 4 with AVX-512, 2 threads): 1 row 7.4 / 9.7 / 5.5,
+        # 2 rows 8.4 / 10.3 / 6.6, 4 rows 10.3 / 10.9 / 9.9, 6 rows 17.5 / 12.8 / 15.5.
+        self.native_min_rows = cpu_native.grid_strip_rows() + 1
         packed = scales_and_zeros = None
         if grid is not None and int8_activations and grid.kind in _WITH_INT8_ACTIVATIONS:
             halves = grid_weights.q4_strips_f16(grid) if grid.kind == grid_weights.Q4 else None
@@ -140,7 +141,7 @@ class Int4Linear(nn.Module):
             self.native = (cpu_native.pack_linear_i4(q, scale, zero)
                            if native_group and not int8_activations else None)
             # int4's codes in the grid kernel's strips: with int8 activations for every row count; with
-            # float32 ones below INT4_NATIVE_MIN_ROWS (a row of a decode step, a speculative step's few
+            # float32 ones below native_min_rows (a row of a decode step, a speculative step's few
             # rows), where the tiles' unpacking is not shared by enough rows.
             self.strips = (grid_weights.int4_strips(q, scale, zero, self.strip_kind)
                            if int8_activations or self.native is not None else None)
@@ -163,7 +164,7 @@ class Int4Linear(nn.Module):
         # The native kernels take contiguous float32 rows (no copy where x is such already).
         rows = x.reshape(-1, self.in_features).float().contiguous()
         bias = None if self.bias is None else self.bias.float()
-        if self.native is not None and rows.shape[0] >= INT4_NATIVE_MIN_ROWS:
+        if self.native is not None and rows.shape[0] >= self.native_min_rows:
             y = cpu_native.linear_i4(rows, self.native, self.out_features, bias)
         else:
             y = cpu_native.grid_linear_strips(rows, self.strips, self.strip_kind, self.out_features, bias)

@@ -34,8 +34,8 @@ import os
 
 import torch
 
-from kvserve.backend.models import (GRID_STRIP_MAX_ROWS, INT4_NATIVE_MIN_ROWS, NATIVE_MAX_ROWS, Gemma3ForCausalLM,
-                                    Int4Linear, Int8Linear, LlamaForCausalLM, PackedLinear)
+from kvserve.backend.models import (NATIVE_MAX_ROWS, Gemma3ForCausalLM, Int4Linear, Int8Linear, LlamaForCausalLM,
+                                    PackedLinear)
 from kvserve.backend.worker.ops import TorchOps
 from kvserve.kernels import cpu_native
 
@@ -113,7 +113,7 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     bias = _ptr(bias_tensor)
     if type(linear) is PackedLinear:
         grid = linear.grid
-        if grid is not None and rows <= GRID_STRIP_MAX_ROWS:
+        if grid is not None and rows <= linear.strip_max_rows:
             d = _Linear(_LIN_STRIPS, grid.kind, _ptr(grid.strips), None, None, bias)
             keep.append(grid.strips)
         elif grid is not None and grid.tiles is not None and rows <= linear.max_native_rows:
@@ -130,7 +130,7 @@ def _describe(linear, rows: int) -> tuple[_Linear, list[torch.Tensor]] | None:
     elif type(linear) is Int8Linear and linear.native is not None:
         d = _Linear(_LIN_I8, 0, _ptr(linear.native), _ptr(linear.native_scales), None, bias)
         keep += [linear.native, linear.native_scales]
-    elif type(linear) is Int4Linear and linear.native is not None and rows >= INT4_NATIVE_MIN_ROWS:
+    elif type(linear) is Int4Linear and linear.native is not None and rows >= linear.native_min_rows:
         w = linear.native
         d = _Linear(_LIN_GROUPED, cpu_native.INT4_FORMAT, _ptr(w.codes), _ptr(w.scales), _ptr(w.zeros), bias)
         keep += [w.codes, w.scales, w.zeros]

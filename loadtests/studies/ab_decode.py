@@ -15,6 +15,8 @@ ratios mean anything. Variants (`--a`, `--b`):
 - `unpacked`: an engine of its own with F.linear (KVSERVE_CPU_PACKED_LINEAR=0) and the engine's ops
 - `int8`, `int4`: an engine of its own with `quantization` set (same prompts)
 - `fp8`, `bf16kv`: an engine of its own with `--kv-cache-dtype fp8_e4m3` or `bfloat16` (same prompts)
+- `strips4`: `cur` with the grid strips capped at 4 rows a step, the grid tiles from 5 (the dispatch
+  before the AVX2 strips took 5-6 rows in one call; the same as `cur` under AVX-512)
 
 One-off measurement, not installed.
 """
@@ -27,6 +29,8 @@ import statistics
 import time
 
 from kvserve.backend import LLM, SamplingParams
+from kvserve.backend.models import PackedLinear
+from kvserve.kernels import cpu_native
 from kvserve.kernels.kv_cache_store import store_kv_cache_torch
 from kvserve.kernels.paged_attention_ref import paged_decode_attention_torch, paged_prefill_attention_torch
 from kvserve.kernels.rms_norm import rms_norm_torch
@@ -34,7 +38,7 @@ from kvserve.kernels.rotary import rotary_embedding_torch
 from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
-VARIANTS = ("ref", "cur", "perop", "unpacked", "int8", "int4", "fp8", "bf16kv")
+VARIANTS = ("ref", "cur", "perop", "unpacked", "int8", "int4", "fp8", "bf16kv", "strips4")
 _KV_DTYPE = {"fp8": "fp8_e4m3", "bf16kv": "bfloat16"}
 
 
@@ -100,10 +104,20 @@ def main() -> None:
             engines[key] = engine
         return engines[key]
 
+    def cap_strips(engine, rows: int) -> None:
+        capped = False
+        for module in engine.runner.model.modules():
+            if isinstance(module, PackedLinear) and module.grid is not None:
+                capped |= module.strip_max_rows != rows
+                module.strip_max_rows = rows
+        if capped and engine.own_native is not None:
+            engine.own_native._by_rows.clear()  # its per-row-count plans name the kernels picked before
+
     def block(name: str) -> float:
         engine = engine_for(name)
         engine.runner.ops = ReferenceOps() if name == "ref" else engine.own_ops
         engine.runner.model.native_decode = None if name in ("ref", "perop") else engine.own_native
+        cap_strips(engine, min(4, cpu_native.grid_strip_rows()) if name == "strips4" else cpu_native.grid_strip_rows())
         t0 = time.process_time() if args.cpu_time else time.perf_counter()
         for _ in range(args.steps):
             engine.step()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvserve.backend.models import grid_weights
-from kvserve.backend.models.cpu_linear import GRID_STRIP_MAX_ROWS, NATIVE_MAX_ROWS, PackedLinear
+from kvserve.backend.models.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from kvserve.kernels import cpu_native
 
 pytestmark = pytest.mark.skipif(cpu_native.pack_linear(torch.zeros(1, 1)) is None,
@@ -88,9 +88,9 @@ def test_grid_strips_give_a_row_the_same_bits_whatever_rows_run_beside_it(kind):
     rng = np.random.default_rng(5)
     weight = _gguf_roundtrip((rng.standard_normal((37, 96)) * 0.05).astype(np.float32), kind)
     grid = grid_weights.find_grid(weight)
-    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(5))
-    alone = torch.cat([cpu_native.grid_linear_strips(x[i:i + 1], grid.strips, grid.kind, 37, None) for i in range(9)])
-    for rows in range(2, 10):  # every pass size and a partial last pass
+    x = torch.randn(13, 96, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([cpu_native.grid_linear_strips(x[i:i + 1], grid.strips, grid.kind, 37, None) for i in range(13)])
+    for rows in range(2, 14):  # every pass size (4 or 6 rows a call), two full calls and partial last ones
         assert _same_bits(cpu_native.grid_linear_strips(x[:rows], grid.strips, grid.kind, 37, None), alone[:rows])
 
 
@@ -127,16 +127,18 @@ def test_packed_linear_reads_the_grid_codes_up_to_64_rows(monkeypatch):
     weight = _gguf_roundtrip((rng.standard_normal((48, 64)) * 0.05).astype(np.float32), "Q4_1")
     layer = PackedLinear(weight, None)
     assert layer.grid is not None and layer.native is None  # the codes instead of the float32 tiles
+    strips = layer.strip_max_rows
+    assert strips == cpu_native.grid_strip_rows() and strips in (4, 6)  # AVX-512's one call, AVX2's
     calls = []
     for name in ("grid_linear_strips", "linear_grid"):
         real = getattr(cpu_native, name)
         monkeypatch.setattr(cpu_native, name, lambda *a, real=real, name=name: calls.append((name, a[0].shape[0]))
                             or real(*a))
-    for rows in (1, GRID_STRIP_MAX_ROWS, GRID_STRIP_MAX_ROWS + 1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1):
+    for rows in (1, strips, strips + 1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
-    assert calls == [("grid_linear_strips", 1), ("grid_linear_strips", GRID_STRIP_MAX_ROWS),
-                     ("linear_grid", GRID_STRIP_MAX_ROWS + 1), ("linear_grid", NATIVE_MAX_ROWS)]
+    assert calls == [("grid_linear_strips", 1), ("grid_linear_strips", strips),
+                     ("linear_grid", strips + 1), ("linear_grid", NATIVE_MAX_ROWS)]
     monkeypatch.setenv("KVSERVE_CPU_GRID", "0")
     plain = PackedLinear(weight, None)
     assert plain.grid is None and plain.native is not None
