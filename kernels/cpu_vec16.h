@@ -157,7 +157,16 @@ V16_INLINE v16 v16_from_i8(const int8_t *p) {
 V16_INLINE v16i v16i_from_u8x16(__m128i bytes) {
     return v16i_make(_mm256_cvtepu8_epi32(bytes), _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
 }
-V16_INLINE v16i v16i_from_u8(const uint8_t *p) { return v16i_from_u8x16(_mm_loadu_si128((const __m128i *)p)); }
+/* The 16 bytes in both 128-bit halves, then one in-lane byte shuffle per 8 lanes: cheaper than two
+ * lane-crossing widenings (vpmovzxbd) on the cores where the grid strips' code widening is the bound. */
+V16_INLINE v16i v16i_from_u8(const uint8_t *p) {
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, 4, -1, -1, -1,
+                                           5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+    const __m256i second = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, 12, -1, -1,
+                                            -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
+    return v16i_make(_mm256_shuffle_epi8(bytes, first), _mm256_shuffle_epi8(bytes, second));
+}
 V16_INLINE v16i v16i_shr4(v16i v) { return v16i_make(_mm256_srli_epi32(v.lo, 4), _mm256_srli_epi32(v.hi, 4)); }
 V16_INLINE v16i v16i_low4(v16i v) {
     return v16i_make(_mm256_and_si256(v.lo, _mm256_set1_epi32(15)), _mm256_and_si256(v.hi, _mm256_set1_epi32(15)));
