@@ -22,9 +22,9 @@
  * a pass, or 2-6 rows with the strip's outputs in turn), and past one call's rows
  * (kvserve_grid_strip_rows: 4, or 6 under AVX2) cpu_linear.c's tiles over the same codes are
  * faster (backend/models/cpu_linear.py switches there). A row's sums are the same whatever rows
- * run beside it. Threads split the strips. The
- * vectors are cpu_vec16.h's (AVX-512, or AVX2 + FMA + F16C with the same sums in the same order);
- * without either the entry point returns nonzero and the caller keeps its other path. */
+ * run beside it. Threads split the strips. The vectors are cpu_vec16.h's (AVX-512, or AVX2 + FMA
+ * + F16C with the same sums in the same order); without either the entry point returns nonzero
+ * and the caller keeps its other path. */
 #include <stdint.h>
 
 #define KVSERVE_GRID_GROUP 32 /* inputs per block: GGUF's Q4_1 and Q8_0 block size */

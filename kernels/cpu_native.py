@@ -131,9 +131,9 @@ def _library() -> ctypes.CDLL | None:
     lib.kvserve_grid_rows_f32.argtypes = [p, ctypes.c_int, i64, i64, p, i64, p]
     lib.kvserve_grid_rows_f32.restype = ctypes.c_int
     lib.kvserve_grid_int8_dot_available.argtypes = []
+    lib.kvserve_grid_int8_dot_available.restype = ctypes.c_int
     lib.kvserve_grid_strip_rows.argtypes = []
     lib.kvserve_grid_strip_rows.restype = ctypes.c_int
-    lib.kvserve_grid_int8_dot_available.restype = ctypes.c_int
     lib.kvserve_lora_f32.argtypes = [p, i64, i64, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i64, p, ctypes.c_int]
     lib.kvserve_lora_f32.restype = ctypes.c_int
     lib.kvserve_kv_from_f32.argtypes = [p, i64, ctypes.c_int, p]

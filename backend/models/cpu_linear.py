@@ -20,9 +20,10 @@ KVSERVE_CPU_NATIVE=0 keeps oneDNN's copy only.
 A weight whose float32 values lie on a GGUF block grid (grid_weights.py: a Q4_1 or Q8_0
 checkpoint loaded as float32, checked bit for bit) keeps its codes instead of the float32
 tiles (a fifth of the bytes, in two layouts), and the decode-sized steps read those: up to 4 rows
-kernels/cpu_grid_linear.c's strips (4.4x the float32 tiles at one row, 3.3x at 4, with AVX-512;
-up to 6 rows under AVX2: PackedLinear.strip_max_rows), then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8 rows, 1.2x at 16, 0.9-1.0x at
-32-64, with the float32 tiles' results bit for bit), as `linear_ab.py --grid` measures.
+(6 under AVX2: PackedLinear.strip_max_rows) kernels/cpu_grid_linear.c's strips (4.4x the float32
+tiles at one row, 3.3x at 4, with AVX-512), then up to 64 rows cpu_linear.c's grid tiles (1.9x at 8
+rows, 1.2x at 16, 0.9-1.0x at 32-64, with the float32 tiles' results bit for bit), as
+`linear_ab.py --grid` measures.
 The weights the products use are the float32 ones exactly. KVSERVE_CPU_GRID=0 keeps the
 float32 tiles.
 
