@@ -17,6 +17,12 @@ ratios mean anything. Variants (`--a`, `--b`):
 - `fp8`, `bf16kv`: an engine of its own with `--kv-cache-dtype fp8_e4m3` or `bfloat16` (same prompts)
 - `strips4`: `cur` with the grid strips capped at 4 rows a step, the grid tiles from 5 (the dispatch
   before the AVX2 strips took 5-6 rows in one call; the same as `cur` under AVX-512)
+- `lib`: `cur` with cpu_native's entry points swapped to a library built from `--lib-sources DIR`'s C
+  files with cpu_native's flags. The weights are packed once, so both builds must agree on every
+  layout: this compares kernel code, not packing. For an older commit's kernels:
+
+    git -C /work/main archive BASE kernels | tar -x -C /tmp/base
+    .venv/bin/python loadtests/studies/ab_decode.py --model GGUF --a lib --b cur --lib-sources /tmp/base/kernels
 
 One-off measurement, not installed.
 """
@@ -26,7 +32,10 @@ import argparse
 import os
 import random
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from kvserve.backend import LLM, SamplingParams
 from kvserve.backend.models import PackedLinear
@@ -38,7 +47,7 @@ from kvserve.kernels.rotary import rotary_embedding_torch
 from kvserve.kernels.silu_and_mul import gelu_and_mul_torch, silu_and_mul_torch
 
 
-VARIANTS = ("ref", "cur", "perop", "unpacked", "int8", "int4", "fp8", "bf16kv", "strips4")
+VARIANTS = ("ref", "cur", "perop", "unpacked", "int8", "int4", "fp8", "bf16kv", "strips4", "lib")
 _KV_DTYPE = {"fp8": "fp8_e4m3", "bf16kv": "bfloat16"}
 
 
@@ -68,6 +77,18 @@ class ReferenceOps:
         return gelu_and_mul_torch(x, approximate)
 
 
+def compile_library(sources: Path, out: Path):
+    """The library of `sources`' C files, loaded and its entry points declared as cpu_native does."""
+    files = [str(sources / path.name) for path in cpu_native._SOURCES]
+    subprocess.run(["cc", *cpu_native._FLAGS, "-o", str(out), *files, "-lm"], check=True)
+    real_build = cpu_native._build
+    cpu_native._build = lambda compiler: out
+    try:
+        return cpu_native._library.__wrapped__()
+    finally:
+        cpu_native._build = real_build
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -78,10 +99,16 @@ def main() -> None:
     p.add_argument("--a", default="ref", choices=VARIANTS)
     p.add_argument("--b", default="cur", choices=VARIANTS)
     p.add_argument("--threads", type=int, default=None, help="engine num_threads (default: torch's)")
+    p.add_argument("--lib-sources", type=Path, help="the kernels folder the `lib` variant builds")
     p.add_argument("--cpu-time", action="store_true",
                    help="measure the process's CPU time instead of wall time (with --threads 1 on a busy "
                         "machine: the work done, without the waits for a core)")
     args = p.parse_args()
+    if "lib" in (args.a, args.b) and args.lib_sources is None:
+        p.error("the lib variant needs --lib-sources")
+    own_library = cpu_native._library
+    scratch = tempfile.TemporaryDirectory()
+    libraries = {"lib": compile_library(args.lib_sources, Path(scratch.name) / "lib.so")} if args.lib_sources else {}
     total_steps = 2 * args.pairs * args.steps + 4
     params = SamplingParams(max_tokens=total_steps + 4, temperature=0, ignore_eos=True)
     engines: dict[str, object] = {}
@@ -118,6 +145,7 @@ def main() -> None:
         engine.runner.ops = ReferenceOps() if name == "ref" else engine.own_ops
         engine.runner.model.native_decode = None if name in ("ref", "perop") else engine.own_native
         cap_strips(engine, min(4, cpu_native.grid_strip_rows()) if name == "strips4" else cpu_native.grid_strip_rows())
+        cpu_native._library = (lambda: libraries[name]) if name in libraries else own_library
         t0 = time.process_time() if args.cpu_time else time.perf_counter()
         for _ in range(args.steps):
             engine.step()
@@ -133,6 +161,8 @@ def main() -> None:
         ratios.append(t[args.b] / t[args.a])
         print(f"pair {i}: {args.a} {t[args.a] * 1e3:7.1f} ms  {args.b} {t[args.b] * 1e3:7.1f} ms  "
               f"{args.b}/{args.a} {ratios[-1]:.3f}", flush=True)
+    cpu_native._library = own_library
+    scratch.cleanup()
     print(f"batch {args.batch} context {args.context}: {args.b}/{args.a} step time median "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, {args.pairs} pairs); "
           f"median ms {args.a} {statistics.median(times[args.a]) * 1e3:.1f}, "
