@@ -181,22 +181,6 @@ static inline void attend(const float *restrict q, const void *key_cache, const 
  * spills more of its accumulators (16 registers of 8 lanes), and still runs 1.3-2.1x the scalar
  * loops on a 2-core EPYC (head sizes 64-256, float32 and bfloat16 caches). */
 
-/* kvserve_exp (cpu_exp.h) on 16 lanes. */
-static inline v16 exp16(v16 x) {
-    x = v16_min(v16_max(x, v16_set1(-87.0f)), v16_set1(88.0f));
-    const v16 t = v16_mul(x, v16_set1(1.44269504088896341f));
-    const v16 n = v16_round(t);
-    const v16 f = v16_sub(t, n);
-    v16 y = v16_set1(1.5353362e-4f);
-    y = v16_fma(y, f, v16_set1(1.3398874e-3f));
-    y = v16_fma(y, f, v16_set1(9.6182669e-3f));
-    y = v16_fma(y, f, v16_set1(5.5503406e-2f));
-    y = v16_fma(y, f, v16_set1(2.4022652e-1f));
-    y = v16_fma(y, f, v16_set1(6.9314718e-1f));
-    y = v16_fma(y, f, v16_set1(1.0f));
-    return v16_mul(y, v16_pow2i(n));
-}
-
 /* 16 cache values from element `at` on, widened to float32 (see the file's comment; e4m3's come out
  * as value * 2^-8, E4M3_UNIT). */
 static inline __attribute__((always_inline)) v16 load16(const int FMT, const void *cache, int64_t at) {
@@ -319,7 +303,7 @@ static inline __attribute__((always_inline)) void attend_chunk(
         const float top = v16_reduce_max_first(scores, n);
         const float new_max = mx[i] > top ? mx[i] : top;
         const float correction = kvserve_exp(mx[i] - new_max); /* ~0 on the first chunk */
-        const v16 e = v16_keep_first(exp16(v16_sub(scores, v16_set1(new_max))), n);
+        const v16 e = v16_keep_first(v16_exp(v16_sub(scores, v16_set1(new_max))), n);
         v16_store(p[i], e);
         sum[i] = sum[i] * correction + v16_reduce_add(e);
         mx[i] = new_max;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cpu_exp.h"
+#include "cpu_vec16.h"
 
 /* out = weight * norm(x [+ residual]); with a residual, residual_out = x + residual (it may be
  * `residual` itself: each row is read before it is written). Rows are `stride` floats apart. */
@@ -46,7 +47,17 @@ void kvserve_rms_norm_f32(const float *x, const float *residual, const float *we
 /* out [rows, d] = act(x[:, :d]) * x[:, d:2d], x rows `x_stride` floats apart, for the two gated
  * activations, which share one form: silu(g) = g / (1 + exp(-g)), and gelu_tanh(g) =
  * g (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (g + 0.044715 g^3), which is g / (1 + exp(-2u)).
- * GELU is a compile-time constant where this is inlined, so each loop stays one simd loop. */
+ * GELU is a compile-time constant where this is inlined, so neither form branches per value. */
+#if defined(KVSERVE_VEC16)
+/* The scalar loop's act(g) * up on 16 lanes (v16_exp's FMAs round a little differently). */
+static inline __attribute__((always_inline)) v16 gated16(const int GELU, v16 g, v16 up) {
+    const v16 a = GELU ? v16_mul(v16_set1(2.0f * 0.7978845608028654f),
+                                 v16_fma(v16_mul(v16_mul(v16_set1(0.044715f), g), g), g, g))
+                       : g;
+    return v16_mul(v16_div(g, v16_add(v16_set1(1.0f), v16_exp(v16_sub(v16_zero(), a)))), up);
+}
+#endif
+
 static inline __attribute__((always_inline)) void gated_and_mul(const int GELU, const float *x, float *out,
                                                                 int64_t rows, int64_t d, int64_t x_stride,
                                                                 int num_threads) {
@@ -54,12 +65,23 @@ static inline __attribute__((always_inline)) void gated_and_mul(const int GELU, 
     for (int64_t row = 0; row < rows; ++row) {
         const float *gate = x + row * x_stride, *up = gate + d;
         float *o = out + row * d;
+#if defined(KVSERVE_VEC16)
+        /* GCC leaves the scalar loop below unvectorized (kvserve_exp's rintf and clamps are control
+         * flow to it): on a Zen 3 it was 4.7 % of a C=16 run's samples, most of them prefill's rows. */
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) v16_store(o + i, gated16(GELU, v16_load(gate + i), v16_load(up + i)));
+        if (i < d) {
+            const int n = (int)(d - i);
+            v16_store_first(o + i, n, gated16(GELU, v16_load_first(gate + i, n), v16_load_first(up + i, n)));
+        }
+#else
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) {
             const float g = gate[i];
             const float a = GELU ? 2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g) : g;
             o[i] = g / (1.0f + kvserve_exp(-a)) * up[i];
         }
+#endif
     }
 }
 

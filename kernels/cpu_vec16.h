@@ -49,6 +49,7 @@ V16_INLINE v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 V16_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 V16_INLINE v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 V16_INLINE v16 v16_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+V16_INLINE v16 v16_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
 V16_INLINE v16 v16_min(v16 a, v16 b) { return _mm512_min_ps(a, b); }
 V16_INLINE v16 v16_max(v16 a, v16 b) { return _mm512_max_ps(a, b); }
 V16_INLINE v16 v16_round(v16 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -139,6 +140,7 @@ V16_INLINE v16 v16_fma(v16 a, v16 b, v16 c) {
 V16_INLINE v16 v16_mul(v16 a, v16 b) { return v16_make(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
 V16_INLINE v16 v16_add(v16 a, v16 b) { return v16_make(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
 V16_INLINE v16 v16_sub(v16 a, v16 b) { return v16_make(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+V16_INLINE v16 v16_div(v16 a, v16 b) { return v16_make(_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)); }
 V16_INLINE v16 v16_min(v16 a, v16 b) { return v16_make(_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)); }
 V16_INLINE v16 v16_max(v16 a, v16 b) { return v16_make(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
 V16_INLINE v16 v16_round(v16 a) {
@@ -234,6 +236,22 @@ V16_INLINE v16 v16_sum_lanes16(const v16 *v) {
 #endif
 
 #if defined(KVSERVE_VEC16)
+/* kvserve_exp (cpu_exp.h) on 16 lanes, its polynomial's steps as FMAs. */
+V16_INLINE v16 v16_exp(v16 x) {
+    x = v16_min(v16_max(x, v16_set1(-87.0f)), v16_set1(88.0f));
+    const v16 t = v16_mul(x, v16_set1(1.44269504088896341f));
+    const v16 n = v16_round(t);
+    const v16 f = v16_sub(t, n);
+    v16 y = v16_set1(1.5353362e-4f);
+    y = v16_fma(y, f, v16_set1(1.3398874e-3f));
+    y = v16_fma(y, f, v16_set1(9.6182669e-3f));
+    y = v16_fma(y, f, v16_set1(5.5503406e-2f));
+    y = v16_fma(y, f, v16_set1(2.4022652e-1f));
+    y = v16_fma(y, f, v16_set1(6.9314718e-1f));
+    y = v16_fma(y, f, v16_set1(1.0f));
+    return v16_mul(y, v16_pow2i(n));
+}
+
 /* 16 values of 4 bits from 8 bytes (byte j: lane 2j in the low nibble, 2j + 1 in the high one). */
 V16_INLINE v16 v16_from_u4(const uint8_t *p) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
