@@ -17,12 +17,11 @@ ratios mean anything. Variants (`--a`, `--b`):
 - `fp8`, `bf16kv`: an engine of its own with `--kv-cache-dtype fp8_e4m3` or `bfloat16` (same prompts)
 - `strips4`: `cur` with the grid strips capped at 4 rows a step, the grid tiles from 5 (the dispatch
   before the AVX2 strips took 5-6 rows in one call; the same as `cur` under AVX-512)
-- `lib`: `cur` with cpu_native's entry points swapped to a library built from `--lib-sources DIR`'s C
-  files with cpu_native's flags. The weights are packed once, so both builds must agree on every
-  layout: this compares kernel code, not packing. For an older commit's kernels:
+- `lib`: `cur` with cpu_native's entry points swapped to a library built from the kernels of git
+  revision `--lib-base` (cpu_kernels/prefill_ab.py's builder). The weights are packed once, so both
+  builds must agree on every layout: this compares kernel code, not packing:
 
-    git -C /work/main archive BASE kernels | tar -x -C /tmp/base
-    .venv/bin/python loadtests/studies/ab_decode.py --model GGUF --a lib --b cur --lib-sources /tmp/base/kernels
+    .venv/bin/python loadtests/studies/ab_decode.py --model GGUF --a lib --b cur --lib-base REV
 
 One-off measurement, not installed.
 """
@@ -32,7 +31,7 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -77,18 +76,6 @@ class ReferenceOps:
         return gelu_and_mul_torch(x, approximate)
 
 
-def compile_library(sources: Path, out: Path):
-    """The library of `sources`' C files, loaded and its entry points declared as cpu_native does."""
-    files = [str(sources / path.name) for path in cpu_native._SOURCES]
-    subprocess.run(["cc", *cpu_native._FLAGS, "-o", str(out), *files, "-lm"], check=True)
-    real_build = cpu_native._build
-    cpu_native._build = lambda compiler: out
-    try:
-        return cpu_native._library.__wrapped__()
-    finally:
-        cpu_native._build = real_build
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -99,16 +86,23 @@ def main() -> None:
     p.add_argument("--a", default="ref", choices=VARIANTS)
     p.add_argument("--b", default="cur", choices=VARIANTS)
     p.add_argument("--threads", type=int, default=None, help="engine num_threads (default: torch's)")
-    p.add_argument("--lib-sources", type=Path, help="the kernels folder the `lib` variant builds")
+    p.add_argument("--lib-base", help="the git revision whose kernels the `lib` variant runs")
     p.add_argument("--cpu-time", action="store_true",
                    help="measure the process's CPU time instead of wall time (with --threads 1 on a busy "
                         "machine: the work done, without the waits for a core)")
     args = p.parse_args()
-    if "lib" in (args.a, args.b) and args.lib_sources is None:
-        p.error("the lib variant needs --lib-sources")
+    if "lib" in (args.a, args.b) and args.lib_base is None:
+        p.error("the lib variant needs --lib-base")
     own_library = cpu_native._library
     scratch = tempfile.TemporaryDirectory()
-    libraries = {"lib": compile_library(args.lib_sources, Path(scratch.name) / "lib.so")} if args.lib_sources else {}
+    libraries = {}
+    if args.lib_base:
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_kernels"))
+        from attention_ab import kernels_at
+        from prefill_ab import configured_library
+        libraries["lib"] = configured_library(kernels_at(args.lib_base, Path(scratch.name) / "src"),
+                                              Path(scratch.name) / "lib.so")
+        own_library.cache_clear()  # the loader cached the revision's library: the engine loads its own
     total_steps = 2 * args.pairs * args.steps + 4
     params = SamplingParams(max_tokens=total_steps + 4, temperature=0, ignore_eos=True)
     engines: dict[str, object] = {}
