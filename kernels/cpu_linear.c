@@ -148,14 +148,14 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
 #define KVSERVE_LINEAR_DIRECT_ROWS (KVSERVE_LINEAR_PASS_ROWS >= 8 ? 8 : 0)
 
 #if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
-/* Under AVX2 a block of more rows than a pass holds takes several passes over a tile, and each pass
+/* Under AVX2 more rows than a pass holds take several passes over a tile, and each pass
  * would widen the codes again: per k, the nibbles' unpacking and conversion and a group's FMA, as
  * many instructions as two rows' FMAs, on cores where the FMAs are the bound (one 256-bit FMA a
  * cycle on these EPYCs). So there the tile's values are widened once per chunk of inputs into
- * float32 (8 KB, in L1) and every pass runs over the chunk, its rows' sums kept in memory between
+ * float32 (8 KB, in L1) and every pass of a row group (up to 64 rows) runs over the chunk, its rows' sums kept in memory between
  * chunks. Each row's sums are the same FMAs in the same order as tile_pass's: the same bits. */
 #define KVSERVE_LINEAR_WIDE_CHUNK 128 /* inputs per widened chunk: a multiple of every group */
-_Static_assert(KVSERVE_LINEAR_PASS_ROWS == 6, "tile_rows_widened's cases are AVX2's six rows a pass");
+_Static_assert(KVSERVE_LINEAR_PASS_ROWS == 6, "tile_group_widened's cases are AVX2's six rows a pass");
 
 static inline __attribute__((always_inline)) void widen_format(const int WT, const void *w, int64_t k0,
                                                                int64_t k_len, const float *scales, const float *zeros,
@@ -191,30 +191,41 @@ static inline __attribute__((always_inline)) void chunk_pass(const int ROWS, con
 #define KVSERVE_CHUNK_CASE(n) \
     case n: chunk_pass(n, xb, wide, len, acc + r0); break;
 
-/* A block's `rows` (more than one pass's) over a tile of codes (not float32), widened chunk by chunk. */
-static void tile_rows_widened(int rows, int wt, const float *block, const void *w, int64_t k_len,
-                              const float *scales, const float *zeros, const float *bias, float *block_out,
-                              int64_t out_stride, int width) {
+/* The `rows` of a group of x blocks (`blocks`, block_len apart: more rows than one pass holds) over a
+ * tile of codes (not float32), widened chunk by chunk once for the whole group: at 64 rows one
+ * widening serves 4 blocks' 11 passes where widening per block took 4. Each pass stays inside its
+ * block (a block is 16 rows, passes of 6: rows 0-5, 6-11, 12-15), so every row's sums are tile_pass's
+ * FMAs in tile_pass's order, as before. */
+static void tile_group_widened(int64_t rows, int wt, const float *blocks, int64_t block_len, const void *w,
+                               int64_t k_len, const float *scales, const float *zeros, const float *bias,
+                               float *out, int64_t out_stride, int width) {
     float wide[KVSERVE_LINEAR_WIDE_CHUNK * KVSERVE_LINEAR_TILE] __attribute__((aligned(64)));
-    v16 acc[KVSERVE_LINEAR_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = v16_zero();
+    v16 acc[KVSERVE_LINEAR_ROWS * KVSERVE_LINEAR_GROUP];
+    for (int64_t r = 0; r < rows; r++) acc[r] = v16_zero();
     v16 group_scale = v16_zero(), group_zero = v16_zero();
     for (int64_t k0 = 0; k0 < k_len; k0 += KVSERVE_LINEAR_WIDE_CHUNK) {
         const int64_t len = k_len - k0 < KVSERVE_LINEAR_WIDE_CHUNK ? k_len - k0 : KVSERVE_LINEAR_WIDE_CHUNK;
         widen_chunk(wt, w, k0, len, scales, zeros, &group_scale, &group_zero, wide);
-        for (int r0 = 0; r0 < rows; r0 += KVSERVE_LINEAR_PASS_ROWS) {
-            const float *xb = block + k0 * KVSERVE_LINEAR_ROWS + r0;
-            switch (rows - r0 < KVSERVE_LINEAR_PASS_ROWS ? rows - r0 : KVSERVE_LINEAR_PASS_ROWS) {
-                KVSERVE_CHUNK_CASE(1) KVSERVE_CHUNK_CASE(2) KVSERVE_CHUNK_CASE(3)
-                KVSERVE_CHUNK_CASE(4) KVSERVE_CHUNK_CASE(5) KVSERVE_CHUNK_CASE(6)
-                default: break;
+        for (int64_t b0 = 0; b0 < rows; b0 += KVSERVE_LINEAR_ROWS) {
+            const int64_t block_rows = rows - b0 < KVSERVE_LINEAR_ROWS ? rows - b0 : KVSERVE_LINEAR_ROWS;
+            for (int64_t p = 0; p < block_rows; p += KVSERVE_LINEAR_PASS_ROWS) {
+                const int64_t r0 = b0 + p; /* acc's index of the pass's first row */
+                const float *xb = blocks + (b0 / KVSERVE_LINEAR_ROWS) * block_len + k0 * KVSERVE_LINEAR_ROWS + p;
+                switch (block_rows - p < KVSERVE_LINEAR_PASS_ROWS ? block_rows - p : KVSERVE_LINEAR_PASS_ROWS) {
+                    KVSERVE_CHUNK_CASE(1) KVSERVE_CHUNK_CASE(2) KVSERVE_CHUNK_CASE(3)
+                    KVSERVE_CHUNK_CASE(4) KVSERVE_CHUNK_CASE(5) KVSERVE_CHUNK_CASE(6)
+                    default: break;
+                }
             }
         }
     }
     const v16 scale = wt == W_I8 ? v16_load_first(scales, width) : v16_set1(1.0f);
     const v16 b = bias ? v16_load_first(bias, width) : v16_zero();
-    for (int r = 0; r < rows; r++) v16_store_first(block_out + r * out_stride, width, v16_fma(acc[r], scale, b));
+    for (int64_t r = 0; r < rows; r++) v16_store_first(out + r * out_stride, width, v16_fma(acc[r], scale, b));
 }
+#define KVSERVE_LINEAR_WIDEN_GROUPS 1 /* linear() hands a group's rows to tile_group_widened */
+#else
+#define KVSERVE_LINEAR_WIDEN_GROUPS 0
 #endif
 
 /* Row counts (and the weight format) as compile-time constants, so that the accumulators stay in
@@ -232,12 +243,6 @@ static void tile_rows(int rows, int wt, const float *block, int64_t x_stride, co
             KVSERVE_DIRECT_CASE(5) KVSERVE_DIRECT_CASE(6) KVSERVE_DIRECT_CASE(7) KVSERVE_DIRECT_CASE(8)
             default: break;
         }
-        return;
-    }
-#endif
-#if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
-    if (wt != W_F32 && rows > KVSERVE_LINEAR_PASS_ROWS) {
-        tile_rows_widened(rows, wt, block, w, k_len, scales, zeros, bias, block_out, out_stride, width);
         return;
     }
 #endif
@@ -291,11 +296,21 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
             const int64_t col = t * KVSERVE_LINEAR_TILE;
             const int64_t width = n - col < KVSERVE_LINEAR_TILE ? n - col : KVSERVE_LINEAR_TILE;
             const void *w = (const char *)packed + (size_t)t * tile_bytes;
+            const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
+            const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
+#if KVSERVE_LINEAR_WIDEN_GROUPS
+            const int64_t group_rows = (m < g1 * KVSERVE_LINEAR_ROWS ? m : g1 * KVSERVE_LINEAR_ROWS)
+                                       - g0 * KVSERVE_LINEAR_ROWS;
+            if (wt != W_F32 && group_rows > KVSERVE_LINEAR_PASS_ROWS) {
+                tile_group_widened(group_rows, wt, xb + g0 * block_len, block_len, w, k, tile_scales, tile_zeros,
+                                   bias ? bias + col : NULL, out + g0 * KVSERVE_LINEAR_ROWS * out_stride + col,
+                                   out_stride, (int)width);
+                continue;
+            }
+#endif
             for (int64_t b = g0; b < g1; b++) {
                 const int64_t r0 = b * KVSERVE_LINEAR_ROWS;
                 const int rows = m - r0 < KVSERVE_LINEAR_ROWS ? (int)(m - r0) : KVSERVE_LINEAR_ROWS;
-                const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
-                const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
                 tile_rows(rows, wt, direct ? x + r0 * x_stride : xb + b * block_len, direct ? x_stride : 0, w, k,
                           tile_scales, tile_zeros, bias ? bias + col : NULL, out + r0 * out_stride + col,
                           out_stride, (int)width);
