@@ -148,12 +148,13 @@ static inline __attribute__((always_inline)) void tile_pass(const int ROWS, cons
 #define KVSERVE_LINEAR_DIRECT_ROWS (KVSERVE_LINEAR_PASS_ROWS >= 8 ? 8 : 0)
 
 #if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS
-/* Under AVX2 more rows than a pass holds take several passes over a tile, and each pass
- * would widen the codes again: per k, the nibbles' unpacking and conversion and a group's FMA, as
- * many instructions as two rows' FMAs, on cores where the FMAs are the bound (one 256-bit FMA a
- * cycle on these EPYCs). So there the tile's values are widened once per chunk of inputs into
- * float32 (8 KB, in L1) and every pass of a row group (up to 64 rows) runs over the chunk, its rows' sums kept in memory between
- * chunks. Each row's sums are the same FMAs in the same order as tile_pass's: the same bits. */
+/* Under AVX2 more rows than a pass holds take several passes over a tile, and each pass would widen
+ * the codes again: per k, the nibbles' unpacking and conversion and a group's FMA, as many
+ * instructions as two rows' FMAs, on cores where the FMAs are the bound (one 256-bit FMA a cycle on
+ * these EPYCs). So there the tile's values are widened once per chunk of inputs into float32 (8 KB,
+ * in L1) and every pass of a row group (up to 64 rows) runs over the chunk, its rows' sums kept in
+ * memory between chunks. Each row's sums are the same FMAs in the same order as tile_pass's: the
+ * same bits. */
 #define KVSERVE_LINEAR_WIDE_CHUNK 128 /* inputs per widened chunk: a multiple of every group */
 _Static_assert(KVSERVE_LINEAR_PASS_ROWS == 6, "tile_group_widened's cases are AVX2's six rows a pass");
 
