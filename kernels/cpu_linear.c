@@ -12,8 +12,9 @@
  *   one k share a cache line and each reaches its FMA as a broadcast (up to 8 rows are read where
  *   they lie instead: KVSERVE_LINEAR_DIRECT_ROWS);
  * - a tile's 16 outputs for 16 rows accumulate in 16 of AVX-512's 32 vector registers (under
- *   AVX2, 4 rows in 8 of its 16, four passes per block); further row blocks take further passes
- *   over the tile while it is still in L1/L2;
+ *   AVX2, 6 rows in 12 of its 16, three passes per block over codes widened once per chunk for
+ *   the whole row group); further row blocks take further passes over the tile while it is still
+ *   in L1/L2;
  * - more than 64 rows (prefill) sweep the weight once per 64 rows, so that those rows' blocks
  *   stay in L2 across tiles (oneDNN is 1.04-1.08x faster at 256-1,024 float32 rows on a Zen 4,
  *   but float32 prefill runs here all the same, so that the weights are held once:
