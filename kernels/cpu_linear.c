@@ -225,9 +225,6 @@ static void tile_group_widened(int64_t rows, int wt, const float *blocks, int64_
     const v16 b = bias ? v16_load_first(bias, width) : v16_zero();
     for (int64_t r = 0; r < rows; r++) v16_store_first(out + r * out_stride, width, v16_fma(acc[r], scale, b));
 }
-#define KVSERVE_LINEAR_WIDEN_GROUPS 1 /* linear() hands a group's rows to tile_group_widened */
-#else
-#define KVSERVE_LINEAR_WIDEN_GROUPS 0
 #endif
 
 /* Row counts (and the weight format) as compile-time constants, so that the accumulators stay in
@@ -300,7 +297,7 @@ static int linear(const float *x, int64_t x_stride, int64_t m, int64_t k, const 
             const void *w = (const char *)packed + (size_t)t * tile_bytes;
             const float *tile_scales = wt == W_I8 ? scales + col : grouped ? scales + t * group_len : NULL;
             const float *tile_zeros = zeros ? zeros + t * group_len : NULL;
-#if KVSERVE_LINEAR_WIDEN_GROUPS
+#if KVSERVE_LINEAR_PASS_ROWS < KVSERVE_LINEAR_ROWS /* AVX2: the group's rows widen each chunk once */
             const int64_t group_rows = (m < g1 * KVSERVE_LINEAR_ROWS ? m : g1 * KVSERVE_LINEAR_ROWS)
                                        - g0 * KVSERVE_LINEAR_ROWS;
             if (wt != W_F32 && group_rows > KVSERVE_LINEAR_PASS_ROWS) {

@@ -61,7 +61,6 @@ V16_INLINE v16 v16_from_i8(const int8_t *p) { /* 16 int8 values */
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 V16_INLINE v16i v16i_from_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-V16_INLINE v16i v16i_from_u8x16(__m128i bytes) { return _mm512_cvtepu8_epi32(bytes); }
 V16_INLINE v16i v16i_shr4(v16i v) { return _mm512_srli_epi32(v, 4); }
 V16_INLINE v16i v16i_low4(v16i v) { return _mm512_and_si512(v, _mm512_set1_epi32(15)); }
 V16_INLINE v16 v16_from_v16i(v16i v) { return _mm512_cvtepi32_ps(v); }
@@ -70,7 +69,7 @@ V16_INLINE v16 v16_from_u4(const uint8_t *p) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)p);
     const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
     const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)));
+    return v16_from_v16i(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)));
 }
 /* Lane i: table[idx[i] & 15]. */
 V16_INLINE v16 v16_lookup(v16i idx, v16 table) { return _mm512_permutexvar_ps(idx, table); }
@@ -170,9 +169,6 @@ V16_INLINE v16 v16_from_i8(const int8_t *p) {
                                             12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15);
     return v16_make(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(bytes, first), 24)),
                     _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_shuffle_epi8(bytes, second), 24)));
-}
-V16_INLINE v16i v16i_from_u8x16(__m128i bytes) {
-    return v16i_make(_mm256_cvtepu8_epi32(bytes), _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
 }
 /* The 16 bytes in both 128-bit halves, then one in-lane byte shuffle per 8 lanes: cheaper than two
  * lane-crossing widenings (vpmovzxbd) where the grid strips' code widening is the bound (their 4-bit
