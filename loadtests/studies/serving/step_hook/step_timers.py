@@ -1,0 +1,85 @@
+"""Wall time of each engine step, split into the native decode step, the logits projection and the
+rest (step_overhead.py's split), for served_step.py: in the served host (through sitecustomize) and
+offline (imported by served_step.py itself). Not installed.
+
+Each step appends `start end native logits` (seconds, time.monotonic(), comparable across processes
+on Linux) to a buffer written out every FLUSH_STEPS steps, so a server that is killed loses at most
+that many.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+# Everything a step calls outside the native decode step that projects onto the vocabulary (the decode
+# step calls its own kernels from C). A prefill step calls these too, and no decode_step.
+LOGITS_KERNELS = ("grid_linear_strips", "linear_grid", "linear", "linear_i4")
+FLUSH_STEPS = 64
+
+
+class StepLog:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.rows: list[tuple[float, float, float, float]] = []
+        self._pending: list[str] = []
+        self._spent = {"native": 0.0, "logits": 0.0}
+        self._lock = threading.Lock()
+
+    def timed(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        spent = self._spent
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.monotonic() - start
+        return wrapper
+
+    def timed_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        log = self
+
+        def wrapper(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            log._spent["native"] = log._spent["logits"] = 0.0
+            start = time.monotonic()
+            try:
+                return step(engine, *args, **kwargs)
+            finally:
+                log.record((start, time.monotonic(), log._spent["native"], log._spent["logits"]))
+        return wrapper
+
+    def record(self, row: tuple[float, float, float, float]) -> None:
+        self.rows.append(row)
+        if self.path is None:
+            return
+        self._pending.append(" ".join(f"{v:.6f}" for v in row))
+        if len(self._pending) >= FLUSH_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._pending = self._pending, []
+        if lines and self.path is not None:
+            with open(self.path, "a") as f:
+                f.write("\n".join(lines) + "\n")
+
+
+def install(engine_cls: Any, cpu_native: Any, path: str | None) -> StepLog:
+    """Wrap engine_cls.step and cpu_native's step kernels; returns the log they write to."""
+    log = StepLog(path)
+    cpu_native.decode_step = log.timed("native", cpu_native.decode_step)
+    for name in LOGITS_KERNELS:
+        setattr(cpu_native, name, log.timed("logits", getattr(cpu_native, name)))
+    engine_cls.step = log.timed_step(engine_cls.step)
+    return log
+
+
+def read_log(path: str) -> list[tuple[float, float, float, float]]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 4:
+                rows.append(tuple(float(p) for p in parts))
+    return rows  # type: ignore[return-value]
