@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 
@@ -101,7 +101,9 @@ class ServeProcess:
     programs); its ready line says which. Output goes to a file, not a pipe, so
     a chatty server can never block on a full pipe while we wait."""
 
-    def __init__(self, model_dir: str, serve_flags: Sequence[str], startup_timeout_s: float = 600.0) -> None:
+    def __init__(self, model_dir: str, serve_flags: Sequence[str], startup_timeout_s: float = 600.0,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.extra_env = dict(extra_env or {})  # on top of this process's environment
         self.command = [sys.executable, "-m", "kvserve.frontend.cli", "serve", "--model", model_dir,
                         "--host", "127.0.0.1", "--port", "0", *serve_flags]
         self.startup_timeout_s = startup_timeout_s
@@ -112,7 +114,7 @@ class ServeProcess:
 
     def __enter__(self) -> "ServeProcess":
         log = open(self.log_path, "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
         # A keyless server: the client sends --api-key/$OPENAI_API_KEY only if the user set one.
         env.pop("KVSERVE_API_KEY", None)
         self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
