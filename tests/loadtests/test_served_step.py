@@ -13,7 +13,7 @@ from kvserve.kernels import cpu_native
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "loadtests" / "studies" / "serving"))
 from served_step import DECODE_STEPS, main  # noqa: E402  (a study: run from the checkout, not installed)
-from step_hook.step_timers import FLUSH_STEPS  # noqa: E402
+from step_timers import FLUSH_STEPS  # noqa: E402  (served_step put its hook folder on the path)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not cpu_native.available(), reason="no native decode step")]
 

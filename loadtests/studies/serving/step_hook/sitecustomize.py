@@ -1,4 +1,4 @@
-"""Times every engine step inside a served kvserve, for served_step.py (not installed, not imported).
+"""Times every engine step inside a served kvserve, for served_step.py (a study's hook, not installed).
 
 Python imports `sitecustomize` from the path at start-up, so putting this folder on the PYTHONPATH
 of `kvserve serve` reaches the embedded host child too, with no change to the code measured. When
@@ -32,6 +32,5 @@ def _wait_and_install(path: str) -> None:
         time.sleep(0.2)
 
 
-if _LOG:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if _LOG:  # this folder is on the PYTHONPATH, so step_timers imports as a top-level module
     threading.Thread(target=_wait_and_install, args=(_LOG,), name="study-step-hook", daemon=True).start()

@@ -2,13 +2,12 @@
 rest (step_overhead.py's split), for served_step.py: in the served host (through sitecustomize) and
 offline (imported by served_step.py itself). Not installed.
 
-Each step appends `start end native logits` (seconds, time.monotonic(), comparable across processes
-on Linux) to a buffer written out every FLUSH_STEPS steps, so a server that is killed loses at most
-that many.
+Each step's row is `start end native logits` (seconds, time.monotonic(), comparable across processes
+on Linux). Offline the rows stay in `rows`; in a server they go to the file, written out every
+FLUSH_STEPS steps, so a server that is killed loses at most that many.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
@@ -24,7 +23,6 @@ class StepLog:
         self.rows: list[tuple[float, float, float, float]] = []
         self._pending: list[str] = []
         self._spent = {"native": 0.0, "logits": 0.0}
-        self._lock = threading.Lock()
 
     def timed(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         spent = self._spent
@@ -50,16 +48,15 @@ class StepLog:
         return wrapper
 
     def record(self, row: tuple[float, float, float, float]) -> None:
-        self.rows.append(row)
         if self.path is None:
+            self.rows.append(row)
             return
         self._pending.append(" ".join(f"{v:.6f}" for v in row))
         if len(self._pending) >= FLUSH_STEPS:
             self.flush()
 
-    def flush(self) -> None:
-        with self._lock:
-            lines, self._pending = self._pending, []
+    def flush(self) -> None:  # on the engine thread, as record()
+        lines, self._pending = self._pending, []
         if lines and self.path is not None:
             with open(self.path, "a") as f:
                 f.write("\n".join(lines) + "\n")
