@@ -21,10 +21,9 @@ import statistics
 import time
 from collections import defaultdict
 
-from kvserve.backend import LLM, SamplingParams
-from kvserve.kernels import cpu_native
-
-_LOGITS_KERNELS = ("grid_linear_strips", "linear_grid", "linear", "linear_i4")
+# The step's calls outside the native decode step that project onto the vocabulary (the decode step
+# calls its own kernels from C). A prefill step calls these too, and no decode_step.
+LOGITS_KERNELS = ("grid_linear_strips", "linear_grid", "linear", "linear_i4")
 
 
 def _timed(store: dict, key: str, fn):
@@ -37,6 +36,14 @@ def _timed(store: dict, key: str, fn):
     return wrapper
 
 
+def wrap_step_kernels(cpu_native, spent: dict) -> None:
+    """Add the time inside cpu_native's decode step to spent["native"] and inside the logits kernels to
+    spent["logits"] (serving/step_hook/step_timers.py splits served steps with it too)."""
+    cpu_native.decode_step = _timed(spent, "native", cpu_native.decode_step)
+    for name in LOGITS_KERNELS:
+        setattr(cpu_native, name, _timed(spent, "logits", getattr(cpu_native, name)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -46,12 +53,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
     args = p.parse_args()
+    # Imported here: serving/step_hook/step_timers.py imports this module inside a served host.
+    from kvserve.backend import LLM, SamplingParams
+    from kvserve.kernels import cpu_native
+
     llm = LLM(model=args.model, dtype="float32", max_num_seqs=max(args.batch, 1), quantization=args.quantization)
     engine = llm.engine
     spent: dict[str, float] = defaultdict(float)
-    cpu_native.decode_step = _timed(spent, "native step", cpu_native.decode_step)
-    for name in _LOGITS_KERNELS:  # the step's one call outside the native step (the decode step calls C directly)
-        setattr(cpu_native, name, _timed(spent, "logits", getattr(cpu_native, name)))
+    wrap_step_kernels(cpu_native, spent)
     rng = random.Random(0)
     rest = []
     for r in range(args.rounds + 1):  # the first round warms up
@@ -67,7 +76,7 @@ def main() -> None:
             engine.step()
             steps += 1
         wall = (time.perf_counter() - start) / steps * 1e3
-        native, logits = spent["native step"] / steps * 1e3, spent["logits"] / steps * 1e3
+        native, logits = spent["native"] / steps * 1e3, spent["logits"] / steps * 1e3
         if r:
             rest.append(wall - native - logits)
         print(f"{'warm-up' if not r else f'round {r}'}: step {wall:.3f} ms = native step {native:.3f} "

@@ -23,12 +23,13 @@ def _wait_and_install(path: str) -> None:
     deadline = time.monotonic() + _GIVE_UP_S
     while time.monotonic() < deadline:
         engine, kernels = sys.modules.get(_ENGINE_MODULE), sys.modules.get(_KERNEL_MODULE)
-        # A module is in sys.modules from the start of its import: wait for the names themselves.
-        if hasattr(engine, "LLMEngine") and hasattr(kernels, "argmax_rows") and hasattr(kernels, "lora"):
-            # A step started before the wrap is not logged; the study's warm-up request covers that.
-            from step_timers import install
-            install(engine.LLMEngine, kernels, path)
-            return
+        # A module is in sys.modules from the start of its import: wait for the names that install() wraps.
+        if hasattr(engine, "LLMEngine") and kernels is not None:
+            from step_timers import LOGITS_KERNELS, install  # only here, in the host: it imports the studies
+            if all(hasattr(kernels, name) for name in ("decode_step", *LOGITS_KERNELS)):
+                # A step started before the wrap is not logged; the study's warm-up request covers that.
+                install(engine.LLMEngine, kernels, path)
+                return
         time.sleep(0.2)
 
 

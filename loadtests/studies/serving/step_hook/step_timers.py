@@ -11,9 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-# Everything a step calls outside the native decode step that projects onto the vocabulary (the decode
-# step calls its own kernels from C). A prefill step calls these too, and no decode_step.
-LOGITS_KERNELS = ("grid_linear_strips", "linear_grid", "linear", "linear_i4")
+from kvserve.loadtests.studies.step_overhead import LOGITS_KERNELS, wrap_step_kernels
+
 FLUSH_STEPS = 64
 
 
@@ -23,17 +22,6 @@ class StepLog:
         self.rows: list[tuple[float, float, float, float]] = []
         self._pending: list[str] = []
         self._spent = {"native": 0.0, "logits": 0.0}
-
-    def timed(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        spent = self._spent
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.monotonic()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[key] += time.monotonic() - start
-        return wrapper
 
     def timed_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
         log = self
@@ -55,9 +43,9 @@ class StepLog:
         if len(self._pending) >= FLUSH_STEPS:
             self.flush()
 
-    def flush(self) -> None:  # on the engine thread, as record()
+    def flush(self) -> None:  # on the engine thread, as record(), and only with a path
         lines, self._pending = self._pending, []
-        if lines and self.path is not None:
+        if lines:
             with open(self.path, "a") as f:
                 f.write("\n".join(lines) + "\n")
 
@@ -65,9 +53,7 @@ class StepLog:
 def install(engine_cls: Any, cpu_native: Any, path: str | None) -> StepLog:
     """Wrap engine_cls.step and cpu_native's step kernels; returns the log they write to."""
     log = StepLog(path)
-    cpu_native.decode_step = log.timed("native", cpu_native.decode_step)
-    for name in LOGITS_KERNELS:
-        setattr(cpu_native, name, log.timed("logits", getattr(cpu_native, name)))
+    wrap_step_kernels(cpu_native, log._spent)
     engine_cls.step = log.timed_step(engine_cls.step)
     return log
 
