@@ -85,12 +85,14 @@ class BackendMetrics:
 
     # --- the engine's API ---
 
-    def on_step(self, running: int, waiting: int, kv_usage: float, grammar_matchers: int = 0) -> None:
+    def on_step(self, running: int, waiting: int, kv_usage: float, grammar_matchers: int = 0,
+                kv_touched_bytes: int = 0) -> None:
         """Scheduler state after a step; kv_usage is a fraction in [0, 1]."""
         with self._lock:
             self._get(m.NUM_REQUESTS_RUNNING).set(running)
             self._get(m.NUM_REQUESTS_WAITING).set(waiting)
             self._get(m.KV_CACHE_USAGE_PERC).set(kv_usage)
+            self._get(m.KV_CACHE_TOUCHED_BYTES).set(kv_touched_bytes)
             if m.NUM_GRAMMAR_MATCHERS.name in self._families:
                 self._get(m.NUM_GRAMMAR_MATCHERS).set(grammar_matchers)
 

@@ -75,6 +75,9 @@ NUM_REQUESTS_WAITING = MetricSpec("kvserve:num_requests_waiting", G, "Number of 
 NUM_GRAMMAR_MATCHERS = MetricSpec("kvserve:num_grammar_matchers", G,
                                   "Live structured-output grammar matchers (one per constrained sequence).")
 KV_CACHE_USAGE_PERC = MetricSpec("kvserve:kv_cache_usage_perc", G, "KV-cache block usage; 1 means 100 percent.")
+KV_CACHE_TOUCHED_BYTES = MetricSpec(
+    "kvserve:kv_cache_touched_bytes", G,
+    "Bytes of this process's KV cache in blocks used at least once; on the CPU, the cache's resident memory.")
 PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C,
                            "Number of prefill tokens processed: each request's prompt once its prefill is done.")
 GENERATION_TOKENS = MetricSpec("kvserve:generation_tokens_total", C, "Number of generation tokens produced.")
@@ -147,8 +150,8 @@ ROUTER_REPLICA_READY = MetricSpec("kvserve:router_replica_ready", G,
 del C, G, H
 
 BACKEND_METRICS: tuple[MetricSpec, ...] = (
-    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, PROMPT_TOKENS, GENERATION_TOKENS,
-    REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE_PERC, KV_CACHE_TOUCHED_BYTES, PROMPT_TOKENS,
+    GENERATION_TOKENS, REQUEST_SUCCESS, NUM_PREEMPTIONS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, NUM_GRAMMAR_MATCHERS,
     SPEC_DECODE_NUM_DRAFTS, SPEC_DECODE_NUM_DRAFT_TOKENS, SPEC_DECODE_NUM_ACCEPTED_TOKENS,
     SPEC_DECODE_ACCEPTED_PER_POSITION, SPEC_DECODE_PROPOSER_ERRORS, LORA_REQUESTS_INFO, LORA_REQUESTS,

@@ -22,6 +22,7 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None  # kept to verify a hash hit token by token
+    handed_out: bool = False  # ever given to a request: its memory has been written (see num_touched_blocks)
     prev: "KVBlock | None" = None
     next: "KVBlock | None" = None
 
@@ -72,6 +73,11 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[bytes, KVBlock] = {}
+        # Blocks handed out at least once. On the CPU the cache's pages are committed on their
+        # first write (worker/kv_cache_tensors.py), and the free list hands out every never-used
+        # block before it reuses a freed one (freed blocks keep their prefixes for as long as it
+        # can), so the resident cache grows with this count up to its whole size.
+        self.num_touched_blocks = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -93,6 +99,9 @@ class BlockPool:
             block = self.free_queue.popleft()
             self._evict(block)
             block.ref_cnt = 1
+            if not block.handed_out:
+                block.handed_out = True
+                self.num_touched_blocks += 1
             out.append(block)
         return out
 

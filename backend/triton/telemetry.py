@@ -63,7 +63,7 @@ class EngineTelemetry:
         m, last = self.metrics, self._last
         self._last = stats
         m.on_step(stats.num_requests_running, stats.num_requests_waiting, stats.kv_cache_usage_perc,
-                  stats.num_grammar_matchers)
+                  stats.num_grammar_matchers, stats.kv_cache_touched_bytes)
         m.on_prompt_tokens(stats.prompt_tokens_total - (last.prompt_tokens_total if last else 0))
         m.on_generation_tokens(stats.generation_tokens_total - (last.generation_tokens_total if last else 0))
         m.on_preemptions(stats.num_preemptions_total - (last.num_preemptions_total if last else 0))

@@ -1,5 +1,6 @@
 """The soak's constrained requests and slow readers: the answer check fails what it must, and a
-short soak against a real server counts each kind, checks the constrained answers, and passes."""
+short soak against a real server counts each kind, checks the constrained and the Responses and
+Messages answers, and passes."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import random
 import pytest
 
 from kvserve.loadtests.bench.sustained import soak
+from kvserve.loadtests.bench.sustained.soak_apis import API_KINDS
 from kvserve.loadtests.bench.sustained.soak_mix import CONSTRAINED_KINDS, StreamJoin, check_answer, constrained_body
 from tests.conftest import tiny_model
 from tests.reliability.served import start_served
@@ -65,7 +67,8 @@ def server():
 def test_a_short_soak_counts_each_kind_and_checks_the_constrained_answers(server, tmp_path) -> None:
     out = tmp_path / "soak.json"
     soak.main(["--url", server.url, "--minutes", "0.4", "--concurrency", "6", "--slow-fraction", "0.2",
-                      "--constrained-fraction", "0.6", "--constrained-max-tokens", "48", "--slow-max-tokens", "96",
+                      "--constrained-fraction", "0.5", "--constrained-max-tokens", "48", "--slow-max-tokens", "96",
+                      "--api-fraction", "0.6",
                       "--warmup-minutes", "0", "--sample-every", "1", "--pid", str(server.proc.pid),
                       "--out", str(out)])
     report = json.loads(out.read_text())
@@ -77,6 +80,16 @@ def test_a_short_soak_counts_each_kind_and_checks_the_constrained_answers(server
     # Not asserted here: invalid answers. The tiny model's random text finds what a grammar
     # cannot rule out (a 31st of September for "format": "date"); the soak reports them and fails
     # on them, which the first test covers.
+    # The APIs' answers are checked for their shape, which holds whatever text the model writes.
+    assert set(API_KINDS) <= set(counts["kinds"]), counts["kinds"]
+    for kind in (*API_KINDS, "responses_store"):
+        assert counts["checks"].get(kind, {}).get("invalid", 0) == 0, counts["invalid_answers"]
+    assert sum(counts["checks"].get(kind, {}).get("valid", 0) for kind in API_KINDS) >= 2, counts["checks"]
+    assert counts["unexpected_4xx"] == 0, counts["kinds"]
+    assert counts["server_errors"] == counts["transport_errors"] == 0, counts["by_status"]
+    # The engine's process is judged less the KV cache it has touched, which the engine exports.
+    assert [p["kv_cache_touched_excluded"] for p in report["processes"].values()].count(True) == 1
+    assert report["samples"][-1]["kv_touched"] > 0
     assert len(counts["invalid_answers"]) == min(20, sum(c.get("invalid", 0) for c in counts["checks"].values()))
     assert counts["server_errors"] == 0 and counts["transport_errors"] == 0
     assert report["idle_after"], report["engine_after"]  # (24 s is too short a window to judge RSS growth)

@@ -20,6 +20,7 @@ DESIGN_NAMES = {
     "kvserve:num_grammar_matchers": m.MetricKind.GAUGE,  # structured outputs (issue 18)
     "kvserve:num_requests_waiting": m.MetricKind.GAUGE,
     "kvserve:kv_cache_usage_perc": m.MetricKind.GAUGE,
+    "kvserve:kv_cache_touched_bytes": m.MetricKind.GAUGE,  # the CPU cache's resident part (soak)
     "kvserve:prompt_tokens_total": m.MetricKind.COUNTER,
     "kvserve:generation_tokens_total": m.MetricKind.COUNTER,
     "kvserve:request_success_total": m.MetricKind.COUNTER,
@@ -129,7 +130,7 @@ def test_backend_metrics_through_pb_utils():
     assert rec.names == {s.name: s.name for s in m.BACKEND_METRICS}
 
     rec.on_step(running=3, waiting=2, kv_usage=0.25)
-    rec.on_step(running=4, waiting=0, kv_usage=0.5)
+    rec.on_step(running=4, waiting=0, kv_usage=0.5, kv_touched_bytes=3 << 20)
     rec.on_prompt_tokens(100)
     rec.on_prompt_tokens(0)
     rec.on_generation_tokens(7)
@@ -148,6 +149,7 @@ def test_backend_metrics_through_pb_utils():
     assert series(pb, "kvserve:num_requests_running").value == 4
     assert series(pb, "kvserve:num_requests_waiting").value == 0
     assert series(pb, "kvserve:kv_cache_usage_perc").value == 0.5
+    assert series(pb, "kvserve:kv_cache_touched_bytes").value == 3 << 20
     assert series(pb, "kvserve:prompt_tokens_total").value == 100
     assert series(pb, "kvserve:generation_tokens_total").value == 12
     assert series(pb, "kvserve:num_preemptions_total").value == 2

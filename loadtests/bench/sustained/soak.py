@@ -11,7 +11,11 @@ requests, and 10% of requests cancelled by the client at a random point
 (--constrained-fraction, 15%): chat requests constrained by a JSON schema, by
 json_object, or to a forced tool call (tools + tool_choice); every such answer
 that completes, whole or streamed, must parse as JSON matching its schema (the
-tool's parameters for a call). 10% of the clients (--slow-fraction) are slow
+tool's parameters for a call). Also mixed in (--api-fraction, 15%): OpenAI
+Responses and Anthropic Messages requests, some continuing a stored Response,
+whose answers and event streams are checked against their APIs (soak_apis.py),
+and stored Responses read back or deleted. Only the deliberately invalid
+requests may get a 4xx. 10% of the clients (--slow-fraction) are slow
 readers: they stream long answers through a small socket receive buffer and read
 a few hundred bytes at a time with a pause between reads, so the server's write
 buffers fill; the others must not stall behind them, nothing may leak.
@@ -21,7 +25,11 @@ process and all its children (the embedded host), sampled every few seconds
 (psutil when installed, else /proc), plus the engine's gauges. After the
 warm-up, each series must be flat: RSS may not grow by more than
 --rss-tolerance (default 5% or 16 MiB, whichever is larger) between the first
-and the last quarter of the window, fds by more than --fd-tolerance. The
+and the last quarter of the window, fds by more than --fd-tolerance. The process
+that holds the KV cache (the largest) is judged less the engine's
+kvserve:kv_cache_touched_bytes: on the CPU the cache's memory is committed as its
+blocks are first used, and all of them are used in turn, so its RSS grows by
+the cache's size over a long enough run (engine_process says why). The
 report (stdout, and JSON with --out) says FLAT or GROWING per process; the
 exit code is 0 only when everything is flat and the engine ended idle.
 
@@ -50,6 +58,8 @@ except ImportError:  # /proc fallback
 import aiohttp
 
 from kvserve.loadtests.bench.server_api import metric_sums
+from kvserve.loadtests.bench.sustained.soak_apis import (API_KINDS, EventStream, ResponseChains, api_request,
+                                                         check_stream, check_whole, read_back, token_limit)
 from kvserve.loadtests.bench.sustained.soak_mix import (CONSTRAINED_KINDS, StreamJoin, check_answer,
                                                         constrained_body, message_of)
 
@@ -62,12 +72,14 @@ class Counts:
     ok: int = 0
     cancelled: int = 0
     client_errors: int = 0  # 4xx, expected for the deliberately invalid requests
+    unexpected_4xx: int = 0  # a 4xx for any other request: a failure
     server_errors: int = 0  # 5xx or an error event: never expected
     transport_errors: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
-    # kind (plain, json_schema, json_object, tools, slow, invalid) -> outcome -> count
+    # kind (plain, json_schema, json_object, tools, responses, messages, slow, invalid) -> outcome -> count
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
-    # constrained kind -> valid / truncated (cut at max_tokens) / invalid, for answers that completed
+    # constrained or API kind (and responses_store, the read-backs) -> valid / truncated (cut at
+    # max_tokens) / invalid, for answers that completed
     checks: dict[str, dict[str, int]] = field(default_factory=dict)
     invalid_answers: list[str] = field(default_factory=list)  # the first few, with why
 
@@ -146,6 +158,8 @@ def _kind(rng: random.Random, args: argparse.Namespace, slow: bool) -> str:
         return "slow"
     if rng.random() < args.constrained_fraction:
         return rng.choice(CONSTRAINED_KINDS)
+    if rng.random() < args.api_fraction:
+        return rng.choice(API_KINDS)
     return "plain"
 
 
@@ -161,9 +175,10 @@ async def _read_slowly(resp: aiohttp.ClientResponse, args: argparse.Namespace) -
 
 
 async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, rng: random.Random,
-                      counts: Counts, slow: bool = False) -> None:
+                      counts: Counts, slow: bool = False, chains: ResponseChains | None = None) -> None:
     kind = _kind(rng, args, slow)
-    constrained = kind in CONSTRAINED_KINDS
+    constrained, api = kind in CONSTRAINED_KINDS, kind in API_KINDS
+    chains = chains if chains is not None else ResponseChains()
     chat = constrained or rng.random() < 0.5
     streaming = slow or rng.random() < 0.7
     cancel = not slow and rng.random() < args.cancel_fraction
@@ -181,8 +196,12 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
     if kind == "invalid":
         body["temperature"] = -1  # a 400, on purpose
     path = "/v1/chat/completions" if chat else "/v1/completions"
+    if api:
+        path, body = api_request(kind, rng, args.model, prompt, body["max_tokens"], streaming, chains)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    answer: list[tuple] = []  # (content, tool calls, finish_reason) of a constrained answer that completed
+    # What completed, to check: a constrained answer's (content, tool calls, finish_reason); an API
+    # kind's whole answer, or its stream's (event name, payload) pairs.
+    answer: list = []
 
     async def run() -> str:
         async with session.post(args.url.rstrip("/") + path, json=body, headers=headers) as resp:
@@ -195,11 +214,22 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
                 data = await resp.read()
                 if constrained:
                     answer.append(message_of(json.loads(data)))
+                elif api:
+                    answer.append(json.loads(data))
                 return "200"
             # Cancel inside the expected output, so the 10% really are cut short.
-            frames, stop_after = 0, rng.randint(1, max(1, body["max_tokens"] // 2)) if cancel else None
+            frames, stop_after = 0, rng.randint(1, max(1, token_limit(body) // 2)) if cancel else None
             join = StreamJoin() if constrained else None
+            events = EventStream() if api else None
             async for line in resp.content:
+                if events is not None:  # typed events: `event: NAME` then `data: {...}`
+                    name = events.add_line(line)
+                    if name == "error":
+                        return "error-event"
+                    frames += name is not None
+                    if name is not None and stop_after is not None and frames >= stop_after:
+                        return "cancelled"
+                    continue
                 if line.startswith(b"data: {\"error\""):
                     return "error-event"
                 if line.startswith(b"data: "):
@@ -210,6 +240,8 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
                         return "cancelled"  # leaving the block drops the connection
             if join is not None:
                 answer.append(join.joined())
+            if events is not None:
+                answer.append(events.events)
             return "200"
 
     try:
@@ -221,10 +253,23 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
         outcome = "cancelled" if cancel else "timeout"
     except aiohttp.ClientError:
         outcome = "transport"
+    except ValueError:  # a frame or a body that is not JSON: the server's fault
+        outcome = "malformed"
     counts.by_status[outcome] = counts.by_status.get(outcome, 0) + 1
     per_kind = counts.kinds.setdefault(kind, {})
     per_kind[outcome] = per_kind.get(outcome, 0) + 1
-    if outcome == "200" and answer:
+    if outcome == "200" and answer and api:
+        verdict = (check_stream if streaming else check_whole)(kind, answer[0], token_limit(body))
+        counts.check(kind, verdict)
+        if kind == "responses" and verdict == "valid":
+            final = answer[0][-1][1]["response"] if streaming else answer[0]
+            chains.answered(final, "previous_response_id" in body, body.get("store", True))
+            if rng.random() < 0.2:
+                try:
+                    counts.check("responses_store", await read_back(session, args.url, headers, chains, rng))
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    counts.check("responses_store", f"invalid: reading back failed ({type(exc).__name__})")
+    elif outcome == "200" and answer:
         counts.check(kind, check_answer(kind, body, *answer[0]))
     if outcome == "200":
         counts.ok += 1
@@ -232,6 +277,7 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
         counts.cancelled += 1
     elif outcome.startswith("4"):
         counts.client_errors += 1
+        counts.unexpected_4xx += kind != "invalid"
     elif outcome == "transport":
         counts.transport_errors += 1
     else:
@@ -262,9 +308,9 @@ async def drive(args: argparse.Namespace, deadline: float, counts: Counts) -> No
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session, \
             slow_reader_session() as slow_session:
         async def worker(seed: int, slow: bool) -> None:
-            local = random.Random(seed)
+            local, chains = random.Random(seed), ResponseChains()
             while time.monotonic() < deadline:
-                await one_request(slow_session if slow else session, args, local, counts, slow=slow)
+                await one_request(slow_session if slow else session, args, local, counts, slow=slow, chains=chains)
 
         await asyncio.gather(*(worker(rng.randrange(2**32), i < slow_workers) for i in range(args.concurrency)))
 
@@ -284,6 +330,28 @@ def verdict(series: list[float], tolerance: float) -> tuple[bool, float]:
     return growth <= tolerance, growth
 
 
+def kv_touched_bytes(url: str, previous: int) -> int:
+    """The engine's `kvserve:kv_cache_touched_bytes` (0 where the server does not export it)."""
+    try:
+        return int(metric_sums(url.rstrip("/") + "/metrics", ("kvserve:kv_cache_touched_bytes",)).get(
+            "kvserve:kv_cache_touched_bytes", 0))
+    except Exception:  # a slow or failed scrape: the gauge never falls, so the last value stands
+        return previous
+
+
+def engine_process(samples: list[dict]) -> str | None:
+    """The pid whose RSS holds the KV cache: the largest process at the first sample.
+
+    On the CPU the cache's pages are committed as its blocks are first used, and every block is
+    used before a freed one is reused (freed blocks keep their prefixes), so that process's RSS
+    grows until the whole cache is resident. That growth is the cache filling, not a leak: its
+    series is judged less the engine's kvserve:kv_cache_touched_bytes at each sample."""
+    if not samples or not samples[0]["procs"]:
+        return None
+    procs = samples[0]["procs"]
+    return max(procs, key=lambda pid: procs[pid]["rss"])
+
+
 def engine_gauges(url: str) -> dict[str, float]:
     wanted = ("kvserve:num_requests_running", "kvserve:num_requests_waiting", "kvserve:kv_cache_usage_perc")
     return metric_sums(url.rstrip("/") + "/metrics", wanted)
@@ -300,8 +368,10 @@ async def main_async(args: argparse.Namespace) -> int:
     deadline = start + args.minutes * 60
     samples: list[dict] = []
     load = asyncio.create_task(drive(args, deadline, counts))
+    touched = 0
     while not load.done():
-        samples.append({"t": round(time.monotonic() - start, 1), "procs": sample(root)})
+        touched = await asyncio.to_thread(kv_touched_bytes, args.url, touched)
+        samples.append({"t": round(time.monotonic() - start, 1), "procs": sample(root), "kv_touched": touched})
         await asyncio.wait({load}, timeout=args.sample_every)
     await load
     await asyncio.sleep(2.0)  # let the last cancellations land
@@ -311,13 +381,15 @@ async def main_async(args: argparse.Namespace) -> int:
     report: dict = {"minutes": args.minutes, "counts": asdict(counts), "engine_after": gauges, "idle_after": idle,
                     "processes": {}, "samples": samples}
     flat = True
+    engine_pid = engine_process(warm)
     for pid in sorted({p for s in warm for p in s["procs"]}):
-        rss = [s["procs"][pid]["rss"] for s in warm if pid in s["procs"]]
+        rss = [s["procs"][pid]["rss"] - (s["kv_touched"] if pid == engine_pid else 0) for s in warm if pid in s["procs"]]
         fds = [s["procs"][pid]["fds"] for s in warm if pid in s["procs"]]
         rss_ok, rss_growth = verdict(rss, max(args.rss_tolerance * (rss[0] if rss else 0), 16 * 2**20))
         fds_ok, fds_growth = verdict(fds, args.fd_tolerance)
         flat &= rss_ok and fds_ok
         report["processes"][pid] = {
+            "kv_cache_touched_excluded": pid == engine_pid,
             "rss_mib_first": round(rss[0] / 2**20, 1) if rss else None,
             "rss_mib_last": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_growth_mib": round(rss_growth / 2**20, 2), "fds_first": fds[0] if fds else None,
@@ -325,17 +397,22 @@ async def main_async(args: argparse.Namespace) -> int:
             "verdict": "FLAT" if rss_ok and fds_ok else "GROWING"}
     report["slow_readers"] = slow_reader_count(args.concurrency, args.slow_fraction)
     ok = (flat and idle and counts.server_errors == 0 and counts.transport_errors == 0
-          and counts.bad_answers() == 0)
+          and counts.unexpected_4xx == 0 and counts.bad_answers() == 0)
     report["verdict"] = "PASS" if ok else "FAIL"
     print(f"soak: {args.minutes} min, {sum(counts.by_status.values())} requests {counts.by_status}")
     for kind, outcomes in sorted(counts.kinds.items()):
         checked = f", answers {counts.checks[kind]}" if kind in counts.checks else ""
         print(f"  {kind}: {outcomes}{checked}")
+    if "responses_store" in counts.checks:
+        print(f"  stored Responses read back or deleted: {counts.checks['responses_store']}")
     for why in counts.invalid_answers:
         print(f"  INVALID {why}")
+    if counts.unexpected_4xx:
+        print(f"  UNEXPECTED 4xx: {counts.unexpected_4xx} answers to requests that were not invalid")
     for pid, p in report["processes"].items():
-        print(f"  pid {pid}: RSS {p['rss_mib_first']} -> {p['rss_mib_last']} MiB (growth {p['rss_growth_mib']} MiB), "
-              f"fds {p['fds_first']} -> {p['fds_last']}: {p['verdict']}")
+        less_kv = " less the KV cache's touched bytes" if p["kv_cache_touched_excluded"] else ""
+        print(f"  pid {pid}: RSS{less_kv} {p['rss_mib_first']} -> {p['rss_mib_last']} MiB "
+              f"(growth {p['rss_growth_mib']} MiB), fds {p['fds_first']} -> {p['fds_last']}: {p['verdict']}")
     print(f"  engine after the load: {gauges} ({'idle' if idle else 'NOT idle'})")
     print(f"soak: {report['verdict']}")
     if args.out:
@@ -356,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--constrained-fraction", type=float, default=0.15,
                    help="share of requests constrained (JSON schema, json_object, forced tool call)")
     p.add_argument("--constrained-max-tokens", type=int, default=160)
+    p.add_argument("--api-fraction", type=float, default=0.15,
+                   help="share of the other requests sent as OpenAI Responses or Anthropic Messages")
     p.add_argument("--slow-fraction", type=float, default=0.10, help="share of the clients that read slowly")
     p.add_argument("--slow-max-tokens", type=int, default=256)
     p.add_argument("--slow-read-bytes", type=int, default=256, help="a slow reader reads this much at a time")

@@ -34,6 +34,24 @@ def test_null_block_is_never_handed_out():
         pool.get_new_blocks(1)
 
 
+def test_touched_blocks_count_each_block_once_and_fresh_ones_go_first():
+    kv = KVCacheManager(num_blocks=9, block_size=4)
+    a = _req("a", list(range(8)))
+    assert kv.allocate_slots(a, 8) is not None and kv.pool.num_touched_blocks == 2
+    kv.free(a)
+    # A fresh block is handed out before a freed one (which keeps its prefix for a later hit).
+    b = _req("b", list(range(100, 108)))
+    kv.allocate_slots(b, 8)
+    assert kv.pool.num_touched_blocks == 4
+    kv.free(b)
+    c = _req("c", list(range(200, 220)))
+    kv.allocate_slots(c, 20)  # 4 fresh blocks, then the oldest freed one
+    assert kv.pool.num_touched_blocks == 8 == kv.num_usable_blocks
+    kv.free(c)
+    kv.allocate_slots(_req("d", list(range(300, 332))), 32)  # all reused: nothing new is touched
+    assert kv.pool.num_touched_blocks == 8
+
+
 def test_allocate_and_free_return_every_block():
     kv = KVCacheManager(num_blocks=9, block_size=4)
     r = _req("a", list(range(10)))
