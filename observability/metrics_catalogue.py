@@ -77,7 +77,7 @@ NUM_GRAMMAR_MATCHERS = MetricSpec("kvserve:num_grammar_matchers", G,
 KV_CACHE_USAGE_PERC = MetricSpec("kvserve:kv_cache_usage_perc", G, "KV-cache block usage; 1 means 100 percent.")
 KV_CACHE_TOUCHED_BYTES = MetricSpec(
     "kvserve:kv_cache_touched_bytes", G,
-    "Bytes of this process's KV cache in blocks used at least once; on the CPU, the cache's resident memory.")
+    "Bytes of this process's KV cache in blocks used at least once; on the CPU, an upper bound of its resident memory.")
 PROMPT_TOKENS = MetricSpec("kvserve:prompt_tokens_total", C,
                            "Number of prefill tokens processed: each request's prompt once its prefill is done.")
 GENERATION_TOKENS = MetricSpec("kvserve:generation_tokens_total", C, "Number of generation tokens produced.")

@@ -56,7 +56,7 @@ class EngineStats:
     generation_tokens_total: int
     num_grammar_matchers: int
     # KV blocks handed out at least once, in bytes of this process's cache (BlockPool.num_touched_blocks):
-    # on the CPU, how much of the cache is resident.
+    # on the CPU, an upper bound of how much of the cache is resident.
     kv_cache_touched_bytes: int = 0
     # Speculative decoding totals (all 0 without --speculative-config): spec_decode.SpecDecodeCounters.
     spec_decode_num_drafts_total: int = 0

@@ -76,7 +76,9 @@ class BlockPool:
         # Blocks handed out at least once. On the CPU the cache's pages are committed on their
         # first write (worker/kv_cache_tensors.py), and the free list hands out every never-used
         # block before it reuses a freed one (freed blocks keep their prefixes for as long as it
-        # can), so the resident cache grows with this count up to its whole size.
+        # can), so the resident cache grows with this count up to its whole size. A block counts
+        # whole: where it spans several pages and a request wrote only its first tokens, fewer are
+        # resident, so this bounds the cache's memory from above.
         self.num_touched_blocks = 0
 
     @property

@@ -63,7 +63,8 @@ def _message_events(stop: str, out: int, blocks: int = 1) -> list[tuple[str, dic
     for i in range(blocks):
         names += [("content_block_start", {"index": i}), ("content_block_delta", {"index": i}),
                   ("content_block_stop", {"index": i})]
-    names += [("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": out}}), ("message_stop", {})]
+    names += [("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": out}}),
+              ("message_stop", {})]
     return [(name, {"type": name, **fields}) for name, fields in names]
 
 

@@ -383,7 +383,8 @@ async def main_async(args: argparse.Namespace) -> int:
     flat = True
     engine_pid = engine_process(warm)
     for pid in sorted({p for s in warm for p in s["procs"]}):
-        rss = [s["procs"][pid]["rss"] - (s["kv_touched"] if pid == engine_pid else 0) for s in warm if pid in s["procs"]]
+        rss = [s["procs"][pid]["rss"] - (s["kv_touched"] if pid == engine_pid else 0)
+               for s in warm if pid in s["procs"]]
         fds = [s["procs"][pid]["fds"] for s in warm if pid in s["procs"]]
         rss_ok, rss_growth = verdict(rss, max(args.rss_tolerance * (rss[0] if rss else 0), 16 * 2**20))
         fds_ok, fds_growth = verdict(fds, args.fd_tolerance)
