@@ -3,9 +3,11 @@ short soak against a real server counts each kind, checks the constrained and th
 Messages answers, and passes."""
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 
+import aiohttp
 import pytest
 
 from kvserve.loadtests.bench.sustained import soak
@@ -47,6 +49,31 @@ def test_a_stream_joins_to_the_whole_answer() -> None:
         join.add({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
     join.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     assert join.joined() == ("", [{"name": "get_time", "arguments": '{"tz": "UTC"}'}], "tool_calls")
+
+
+class _PathRecorder:
+    """A session whose every POST fails at once, after noting where it went."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def post(self, url: str, **_: object):
+        self.paths.append(url.rsplit("/v1/", 1)[1])
+        raise aiohttp.ClientConnectionError("recorded")
+
+
+def test_without_chat_every_request_is_a_completion() -> None:
+    def paths(flags: list[str]) -> set[str]:
+        args = soak.build_parser().parse_args(["--model", "m", *flags])
+        if not args.chat:
+            args.constrained_fraction = args.api_fraction = 0.0  # as main() sets them
+        session, rng, counts = _PathRecorder(), random.Random(0), soak.Counts()
+        for _ in range(200):
+            asyncio.run(soak.one_request(session, args, rng, counts))
+        return set(session.paths)
+
+    assert paths(["--no-chat"]) == {"completions"}
+    assert paths([]) == {"completions", "chat/completions", "responses", "messages"}
 
 
 def test_slow_readers_are_a_tenth_of_the_clients() -> None:

@@ -179,7 +179,7 @@ async def one_request(session: aiohttp.ClientSession, args: argparse.Namespace, 
     kind = _kind(rng, args, slow)
     constrained, api = kind in CONSTRAINED_KINDS, kind in API_KINDS
     chains = chains if chains is not None else ResponseChains()
-    chat = constrained or rng.random() < 0.5
+    chat = constrained or (args.chat and rng.random() < 0.5)
     streaming = slow or rng.random() < 0.7
     cancel = not slow and rng.random() < args.cancel_fraction
     prompt = rng.choice(PROMPTS) + ("" if rng.random() < 0.5 else f" (variant {rng.randrange(10**6)})")
@@ -444,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed RSS growth, fraction of the first value")
     p.add_argument("--fd-tolerance", type=int, default=8)
     p.add_argument("--pid", type=int, default=None, help="the server process (default: found from --url's port)")
+    p.add_argument("--no-chat", dest="chat", action="store_false",
+                   help="completions only, for a model without a chat template (constrained, Responses and "
+                        "Messages requests are chat: none are sent)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON report here")
     return p
@@ -453,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.warmup_minutes is None:
         args.warmup_minutes = min(args.minutes / 5, 2.0)
+    if not args.chat:
+        args.constrained_fraction = args.api_fraction = 0.0
     if args.model is None:
         req = urllib.request.Request(args.url.rstrip("/") + "/v1/models",
                                      headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
