@@ -22,7 +22,7 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None  # kept to verify a hash hit token by token
-    handed_out: bool = False  # ever given to a request: its memory has been written (see num_touched_blocks)
+    handed_out: bool = False  # ever given to a request (BlockPool.num_touched_blocks counts these)
     prev: "KVBlock | None" = None
     next: "KVBlock | None" = None
 
