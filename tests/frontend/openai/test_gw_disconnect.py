@@ -12,6 +12,10 @@ import openai
 from gw_fakes import get
 
 
+# Seconds a disconnect may take to reach the backend (see the first test).
+_CANCEL_BOUND_S = 5.0
+
+
 def _metric(server, name: str) -> float:
     text = get(f"{server.url}/metrics").text
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
@@ -33,9 +37,11 @@ def test_streaming_disconnect_cancels_backend_request(server) -> None:
     rid = server.backend.requests[-1].request_id
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    elapsed = server.wait_cancelled(before + 1, timeout_s=2.0)
+    # "SLOW" never ends on its own, so any cancellation is the disconnect's. The bound is loose
+    # because a full suite on 2 busy cores took 1.1 s once; a gateway that waited for its write
+    # timeout (30 s) would still fail it.
+    server.wait_cancelled(before + 1, timeout_s=_CANCEL_BOUND_S)
     assert rid in server.backend.cancelled
-    assert elapsed < 1.0
     deadline = time.monotonic() + 2
     while _metric(server, "kvserve:http_streams_in_flight") != 0 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -54,7 +60,7 @@ def test_non_streaming_disconnect_cancels_backend_request(server) -> None:
         time.sleep(0.01)
     time.sleep(0.1)  # a few tokens in
     sock.close()
-    assert server.wait_cancelled(before + 1, timeout_s=2.0) < 1.0
+    server.wait_cancelled(before + 1, timeout_s=_CANCEL_BOUND_S)
 
 
 def test_openai_stream_closed_early_cancels(server, client: openai.OpenAI) -> None:
@@ -64,7 +70,7 @@ def test_openai_stream_closed_early_cancels(server, client: openai.OpenAI) -> No
         if i == 3:
             break
     stream.close()
-    server.wait_cancelled(before + 1, timeout_s=2.0)
+    server.wait_cancelled(before + 1, timeout_s=_CANCEL_BOUND_S)
 
 
 def test_finished_requests_are_not_cancelled(server, client: openai.OpenAI) -> None:
