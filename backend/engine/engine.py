@@ -488,7 +488,7 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             num_grammar_matchers=len(self.matchers),
-            kv_cache_touched_bytes=self.kv.pool.num_touched_blocks * self.runner.block_bytes,
+            kv_cache_touched_bytes=self.kv.num_touched_blocks * self.runner.block_bytes,
             inter_token_gaps=tuple(gaps),
             lora_running=_adapter_names(self.scheduler.running),
             lora_waiting=_adapter_names(self.scheduler.waiting),

@@ -53,6 +53,10 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    @property
+    def num_touched_blocks(self) -> int:
+        return self.pool.num_touched_blocks
+
     def block_ids(self, request_id: str, group: int = 0) -> list[int]:
         """The request's live blocks in one group (a copy; for tests and tools, the runner keeps
         its own tables)."""
