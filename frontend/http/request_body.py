@@ -1,6 +1,6 @@
 """Read a JSON request body with the checks every POST route shares:
 415 unless the body is JSON, 413 when over the configured limit, 408 when it
-does not arrive within the body timeout, 400 when it does not parse or is not
+does not arrive within the body timeout, 400 when it does not decode or parse or is not
 an object."""
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ async def read_json_body(request: web.Request, limit: int, timeout: float | None
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="body_timeout",
                        close_connection=True) from None
+    except web.RequestPayloadError:
+        # aiohttp decodes Content-Encoding (gzip, deflate, br) and chunked framing as it reads: a
+        # body that is not what those headers say is the client's error, not a 500. Its text
+        # (the decoder's) stays out of the reply; the rest of the body was dropped unread, so the
+        # connection is closed rather than parsed on from the middle of it.
+        raise ApiError(400, "request body could not be read: it is not encoded as its Content-Encoding "
+                       "or Transfer-Encoding header says", close_connection=True) from None
     if len(raw) > limit:
         raise _too_large(limit)
     # Decoded here, strictly: json.loads(bytes) would guess UTF-16/32 from the first bytes and

@@ -106,7 +106,7 @@ def _echo(body: dict[str, Any], instructions: str | None, previous: str | None) 
         "instructions": instructions,
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": metadata or {},
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,  # null: the default, a bool
         "previous_response_id": previous,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
@@ -149,7 +149,7 @@ def _input(value: Any) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise bad_request(f"'{where}.role' must be one of {sorted(_ROLES)}", param="input")
     content = item.get("content")
     if isinstance(content, str):
@@ -158,7 +158,7 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(f"'{where}.content' must be a string or a list of content parts", param="input")
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = _part_type(part)
         if kind in _TEXT_PARTS or kind == "refusal":
             text = part.get("refusal" if kind == "refusal" else "text")
             if not isinstance(text, str):
@@ -171,6 +171,13 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
             raise bad_request(f"'{where}.content[{j}].type' is not a content part type this server knows "
                               "(input_text, output_text)", param="input")
     return {"role": _ROLES[role], "content": "\n".join(texts)}
+
+
+def _part_type(part: Any) -> str | None:
+    """A content part's `type` if it is a string: a list or an object there is not hashable, and
+    looking it up in _TEXT_PARTS would raise TypeError (a 500) instead of the 400 it deserves."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _function_call(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
@@ -190,7 +197,7 @@ def _function_output(item: dict[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(f"'{where}.call_id' must be a string", param="input")
     output = item.get("output")
     if isinstance(output, list):
-        parts = [p.get("text") if isinstance(p, dict) and p.get("type") in _TEXT_PARTS else None for p in output]
+        parts = [p.get("text") if _part_type(p) in _TEXT_PARTS else None for p in output]
         if any(not isinstance(p, str) for p in parts):
             raise bad_request(f"'{where}.output' must be a string or a list of input_text parts", param="input")
         output = "\n".join(parts)

@@ -141,6 +141,18 @@ def test_non_json_is_415_and_bad_json_400(server) -> None:
     assert r.status == 415
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_body_that_does_not_decompress_is_400(server, encoding) -> None:
+    # aiohttp decompresses by Content-Encoding as it reads, and a body that is not what the
+    # header says fails inside request.read(): the client's mistake, not the server's.
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    r = http("POST", f"{server.url}/v1/completions", data=b"not compressed", headers=headers)
+    assert r.status == 400 and error_of(r)["code"] is None and "Content-Encoding" in error_of(r)["message"]
+    r = http("POST", f"{server.url}/v1/messages", data=b"not compressed", headers=headers)
+    assert r.status == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 200
+
+
 def test_messages_are_bounded_and_do_not_echo_input(server) -> None:
     r = post(f"{server.url}/v1/completions", {"prompt": "x", "model": "m" * 400})
     err = error_of(r)

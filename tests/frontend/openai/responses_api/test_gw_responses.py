@@ -31,6 +31,15 @@ def test_create_answers_a_response_with_usage(client: openai.OpenAI) -> None:
     assert done.output[0].type == "message" and done.output[0].content[0].type == "output_text"
 
 
+def test_a_null_field_is_echoed_as_its_default(server) -> None:
+    # The SDK's Response types parallel_tool_calls as a bool and tool_choice as a choice: an
+    # explicit null in the request means the default, as a field left out does.
+    reply = post(f"{server.url}/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": 1,
+                                                "parallel_tool_calls": None, "tool_choice": None})
+    assert reply.status == 200, reply.text
+    assert reply.json()["parallel_tool_calls"] is True and reply.json()["tool_choice"] == "auto"
+
+
 def test_instructions_and_input_items_render_as_chat(client: openai.OpenAI, server) -> None:
     client.responses.create(model="tiny", instructions="be brief", max_output_tokens=2, input=[
         {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
@@ -103,6 +112,10 @@ def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) ->
     ({"input": []}, 400, "input"),
     ({"input": [{"type": "hologram"}]}, 400, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input"),
+    # JSON values a set or dict lookup cannot hash (a list or an object where a string belongs)
+    ({"input": [{"role": ["user"], "content": "x"}]}, 400, "input"),
+    ({"input": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]}, 400, "input"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": ["input_text"]}]}]}, 400, "input"),
     ({"input": "x", "background": True}, 400, "background"),
     ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools"),
