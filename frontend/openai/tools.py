@@ -100,6 +100,10 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
         raise bad_request(f"'{where}.function.description' must be a string", param="tools")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        # Read by no one here (a tool call's arguments are parsed against `parameters` either way),
+        # but OpenAI refuses a non-boolean, and a client that sends one has a bug it should hear of.
+        raise bad_request(f"'{where}.function.strict' must be a boolean", param="tools")
     parameters = fn.get("parameters", _EMPTY_PARAMETERS)
     if not isinstance(parameters, dict):
         raise bad_request(f"'{where}.function.parameters' must be a JSON schema object", param="tools")

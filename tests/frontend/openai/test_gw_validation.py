@@ -86,6 +86,8 @@ def test_unsupported_chat_features() -> None:
     msgs = [{"role": "user", "content": "x"}]
     assert bad(parse_chat, {"messages": msgs, "response_format": {"type": "json_schema"}}).param == "response_format"
     assert bad(parse_chat, {"messages": msgs, "tools": [{"type": "function"}]}).param == "tools"
+    strict = {"type": "function", "function": {"name": "f", "strict": "yes"}}
+    assert "strict" in bad(parse_chat, {"messages": msgs, "tools": [strict]}).message
     assert parse_chat({"messages": msgs, "response_format": {"type": "text"}, "tools": []}, None).messages == msgs
 
 

@@ -119,6 +119,7 @@ def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) ->
     ({"input": "x", "background": True}, 400, "background"),
     ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "strict": "yes"}]}, 400, "tools"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, 400, "text.format"),
     ({"input": "x", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
     ({"input": "x", "model": "gpt-9"}, 404, "model"),
