@@ -232,10 +232,8 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
     if tool["type"] != "function":
         raise not_supported("tools", "built-in tools (web search, file search, code interpreter, ...); "
                                      "function tools are")
-    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-        raise bad_request(f"'{where}.strict' must be a boolean", param="tools")
     fn: dict[str, Any] = {"name": tool.get("name")}
-    for key in ("description", "parameters"):
+    for key in ("description", "parameters", "strict"):  # checked by the chat tools' parser
         if tool.get(key) is not None:
             fn[key] = tool[key]
     return {"type": "function", "function": fn}
