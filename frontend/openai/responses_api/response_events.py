@@ -107,8 +107,7 @@ class ResponseEvents:
         if self.open and self.items[-1]["type"] == "message":  # what it had said, as a whole item
             item = self.items[-1]
             self.items[-1] = message_item(item["id"], item.pop("text"), "incomplete")
-        body = self.meta.body("failed", self.items, error={"code": error.code or "server_error",
-                                                           "message": error.message})
+        body = self.meta.body("failed", self.items, error=response_error(error))
         await self._send(writer, "response.failed", response=body)
         await writer.end()
 
@@ -119,3 +118,17 @@ class ResponseEvents:
         self.on_finished(body, self.items)
         await self._send(writer, "response.incomplete" if incomplete else "response.completed", response=body)
         await writer.end()
+
+
+def response_error(error: ApiError) -> dict[str, Any]:
+    """A failed Response's `error`. Its `code` is one of a fixed set (the SDK's ResponseError
+    lists them), unlike the `error` event's, which keeps the gateway's own code ("timeout", ...):
+    so a bad request maps to invalid_prompt, a 429 to rate_limit_exceeded, anything else to
+    server_error, and `type` keeps the error's own type, as OpenAI's field is meant to."""
+    if error.status == 429:
+        code = "rate_limit_exceeded"
+    elif 400 <= error.status < 500 and error.status != 408:
+        code = "invalid_prompt"
+    else:
+        code = "server_error"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.type}

@@ -4,6 +4,8 @@ answer), instructions, the stored chain of previous_response_id kept per API key
 with OpenAI's error shape."""
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
@@ -167,3 +169,21 @@ def test_text_format_and_forced_tools_become_the_engine_constraint(client: opena
                                 tool_choice={"type": "function", "name": "get_city"},
                                 text={"format": {"type": "json_object"}})
     assert info.value.body["param"] == "tool_choice"
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_a_failed_response_with_an_sdk_code(server) -> None:
+    from typing import get_args
+
+    from openai.types.responses.response_error import ResponseError
+    reply = post(f"{server.url}/v1/responses", {"model": "tiny", "input": "CRASH", "max_output_tokens": 9,
+                                                "stream": True})
+    assert reply.status == 200
+    events = [json.loads(line[len("data: "):]) for line in reply.text.split("\n") if line.startswith("data: ")]
+    error, failed = events[-2:]
+    assert error["type"] == "error" and error["code"] == "internal_error"  # the gateway's own code
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] in get_args(ResponseError.model_fields["code"].annotation)
+    assert failed["response"]["error"]["code"] == "server_error"
+    assert failed["response"]["error"]["type"] == "internal_server_error"
+    assert "exploded" not in reply.text  # no engine internals
+    assert failed["response"]["output"][0]["content"][0]["text"] == "alpha beta"  # what it had said
