@@ -1,6 +1,11 @@
-"""aiohttp's HTTP server with one change: a request its HTTP parser refuses (a bad method, an
-over-long header line, a bad chunk size) is answered with an OpenAI error object that quotes
-nothing of it. aiohttp's own plain-text answer quotes the offending bytes back.
+"""aiohttp's HTTP server with two changes:
+- a request its HTTP parser refuses (a bad method, an over-long header line, a bad chunk size) is
+  answered with an OpenAI error object that quotes nothing of it. aiohttp's own plain-text answer
+  quotes the offending bytes back;
+- a body that does not decode (Content-Encoding or chunked framing) is logged at debug level, not
+  as an unhandled error. The handler has answered it with a 400 (request_body.py); aiohttp then
+  reads the rest of the body before it closes the connection, meets the same fault, and would log
+  it with a traceback at error level, once for every such request a client cares to send.
 
 aiohttp has no setting for the connection class: `web.Server.__call__` builds a
 `RequestHandler` per connection. So the runner's Server becomes a subclass that builds ours.
@@ -24,6 +29,13 @@ def _parser_error(status: int) -> ApiError:
 
 
 class _Connection(web.RequestHandler):
+    def log_exception(self, *args, **kwargs) -> None:
+        error = kwargs.get("exc_info")
+        if isinstance(error, web.RequestPayloadError):
+            self.logger.debug("a request body did not decode: %s", type(error).__name__)
+            return
+        super().log_exception(*args, **kwargs)
+
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         # super() logs the error (observability/logging.py keeps only its type above DEBUG) and

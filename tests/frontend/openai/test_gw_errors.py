@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 import openai
 import pytest
@@ -151,6 +153,18 @@ def test_body_that_does_not_decompress_is_400(server, encoding) -> None:
     r = http("POST", f"{server.url}/v1/messages", data=b"not compressed", headers=headers)
     assert r.status == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 200
+
+
+def test_an_undecodable_body_logs_no_server_error(server, caplog) -> None:
+    # After the 400, aiohttp reads what is left of the body before it closes the connection, and
+    # the decoder fails again there: the client's malformed body, not an unhandled server error.
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        assert http("POST", f"{server.url}/v1/completions", data=b"not compressed", headers=headers).status == 400
+        assert post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}).status == 200
+        time.sleep(0.2)  # the lingering read runs after the response went out
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records and all(r.levelno < logging.WARNING for r in records), [(r.levelname, r.msg) for r in records]
 
 
 def test_messages_are_bounded_and_do_not_echo_input(server) -> None:
