@@ -58,8 +58,13 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options")
-    # Ignored unless streaming (lenient: a client that always sends it still works).
-    include_usage = stream and bool(F.opt_bool(options or {}, "include_usage"))
+    if options is not None and not stream:
+        # As OpenAI and vLLM answer it: the options of a stream that was not asked for.
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include_usage = options is not None and options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
+    include_usage = bool(include_usage)
     _check_unimplemented_extensions(body, chat=chat)
     constraint = parse_constraint(body)
     if not chat and (body.get("tools") or body.get("functions")):

@@ -64,7 +64,7 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
                                                  "maximum": MAX_LOGIT_BIAS_VALUE}},
         "user": {"type": "string", "maxLength": 256, "nullable": True},
         "stream": _bool(),
-        "stream_options": {"type": "object", "nullable": True, "description": "used only with stream: true",
+        "stream_options": {"type": "object", "nullable": True, "description": "only with stream: true (a 400 otherwise)",
                            "properties": {"include_usage": _bool()}},
         "response_format": {"type": "object", "nullable": True, "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},

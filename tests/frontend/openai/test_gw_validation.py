@@ -63,8 +63,13 @@ def test_cross_field_rules() -> None:
     assert bad(parse_chat, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).param == "top_logprobs"
     ok = parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, None)
     assert ok.include_usage and ok.stream
-    lenient = parse_completion({"prompt": "x", "stream_options": {"include_usage": True}}, None)
-    assert not lenient.include_usage  # ignored when not streaming
+    # as OpenAI and vLLM: the options of a stream that was not asked for are refused
+    assert bad(parse_completion, {"prompt": "x", "stream_options": {"include_usage": True}}).param == "stream_options"
+    assert bad(parse_chat, {"messages": [{"role": "user", "content": "x"}], "stream": False,
+                            "stream_options": {}}).param == "stream_options"
+    assert not parse_completion({"prompt": "x", "stream_options": None}, None).include_usage
+    assert bad(parse_completion, {"prompt": "x", "stream": True,
+                                  "stream_options": {"include_usage": "yes"}}).param == "stream_options"
 
 
 def test_chat_messages() -> None:
