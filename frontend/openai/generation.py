@@ -173,7 +173,9 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
 
 
 def _parser(call: Call) -> HermesToolParser:
-    return HermesToolParser(max_calls=None if call.tools is None or call.tools.parallel else 1)
+    tools = call.tools
+    return HermesToolParser(max_calls=None if tools is None or tools.parallel else 1,
+                            calls_only=tools is not None and tools.choice in ("required", "named"))
 
 
 def _read_tool_calls(call: Call, state: ChoiceState) -> None:

@@ -9,6 +9,12 @@ was cut into deltas, and a whole response parsed in one feed gives the same call
 
 A block that does not have that shape is read as JSON ({"name", "arguments"}) when it closes;
 one that is not even that stays content. A block cut off by max_tokens keeps what it had.
+
+Once a call was made, whitespace between blocks is their separator, not content (the
+`required` constraint puts a newline between calls): it is given out only if more text follows
+it. A tag or a block header that max_tokens cut off after a call is dropped, not given out as
+content. With `calls_only` (tool_choice `required` or a named function, where the constraint
+allows no free text) nothing outside the calls is content.
 """
 from __future__ import annotations
 
@@ -45,7 +51,9 @@ def new_call_id() -> str:
 @dataclass(slots=True)
 class HermesToolParser:
     max_calls: int | None = None  # parallel_tool_calls false: 1
+    calls_only: bool = False  # the constraint allows calls only: no content
     calls: list[ToolCall] = field(default_factory=list)
+    _space: str = ""  # whitespace after a call, given out only if content follows it
     _buf: str = ""  # text not yet given out (outside a block) or the open block's body
     _inside: bool = False
     _args_start: int = -1  # in _buf, once the header matched
@@ -63,6 +71,7 @@ class HermesToolParser:
                     self._buf = self._buf[len(self._buf) - keep:]
                     return events
                 self._content(events, self._buf[:at])
+                self._space = ""  # the separator before this call
                 self._buf = self._buf[at + len(OPEN):]
                 self._inside, self._args_start, self._sent = True, -1, 0
             end = self._buf.find(CLOSE)
@@ -81,11 +90,11 @@ class HermesToolParser:
             if self._args_start >= 0:
                 rest = self._buf[self._args_start:].rstrip()
                 self._arguments(events, rest[self._sent:])
-            elif not self._limit_reached():
+            elif not self._limit_reached() and not self.calls:
                 self._content(events, OPEN + self._buf)
-        else:
+        elif not (self.calls and OPEN.startswith(self._buf.lstrip())):  # not a tag cut off after a call
             self._content(events, self._buf)
-        self._buf, self._inside = "", False
+        self._buf, self._inside, self._space = "", False, ""
         return events
 
     # ---- internals ----------------------------------------------------------------------------
@@ -93,8 +102,16 @@ class HermesToolParser:
         return self.max_calls is not None and len(self.calls) >= self.max_calls
 
     def _content(self, events: list[Event], text: str) -> None:
-        if text and not (self.calls and self._limit_reached()):
-            events.append(Event("content", text))
+        if not text or self.calls_only or (self.calls and self._limit_reached()):
+            return
+        if self.calls:  # trailing whitespace waits: it may be the separator before the next call
+            text = self._space + text
+            kept = text.rstrip()
+            self._space = text[len(kept):]
+            if not kept:
+                return
+            text = kept
+        events.append(Event("content", text))
 
     def _advance(self, events: list[Event], body: str) -> None:
         if self._args_start < 0:

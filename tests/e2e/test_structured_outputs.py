@@ -159,10 +159,13 @@ def _joined_stream(client, model, content: list | None = None, **kw):
                          ids=["required", "named"])
 def test_forced_tool_calls_validate_and_stream_the_same(client, model, choice):
     kw = dict(messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0)
-    whole, streamed = _parallel(lambda stream: _joined_stream(client, model, **kw) if stream
+    streamed_content: list[str] = []
+    whole, streamed = _parallel(lambda stream: _joined_stream(client, model, streamed_content, **kw) if stream
                                 else client.chat.completions.create(model=model, **kw), [False, True])
     msg = whole.choices[0].message
     assert whole.choices[0].finish_reason == "tool_calls" and msg.tool_calls
+    # calls only: the newline the constraint puts between calls is not content, streamed or not
+    assert msg.content is None and streamed_content == [], (msg.content, streamed_content)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for call in msg.tool_calls:
         assert call.type == "function" and call.id.startswith("call_")

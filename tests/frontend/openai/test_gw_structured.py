@@ -164,10 +164,25 @@ def test_tool_parser_reads_calls_content_and_odd_blocks():
     assert calls == [("get_weather", '{"city": "Pa}ris", "n": {"a": 1} }'), ("b", "{}"), ("c", '{"x": 1}'),
                      ("d", '{"q": [1')]  # the last one was cut off by max_tokens: kept as it was
     assert starts == ["get_weather", "b", "c", "d"]
-    assert content == "Sure. \n done <tool_call>garbage</tool_call> "  # not a call: stays content
+    # not a call: stays content; whitespace between calls is their separator, not content
+    assert content == "Sure.  done<tool_call>garbage</tool_call>"
     assert [args[i] for i in range(4)] == [a for _, a in calls]
     one = _run(HermesToolParser(max_calls=1), [TEXT])
     assert one[3] == calls[:1] and one[0] == "Sure. "
+
+
+def test_required_calls_give_no_content_and_a_cut_off_tag_is_not_content():
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    for text in (call + "\n" + call + "\n\n" + call, call + "\n<", call + "\n\n<tool", call + '\n<tool_call>\n{"na'):
+        for parser in (HermesToolParser(), HermesToolParser(calls_only=True)):
+            for cut in range(1, len(text)):  # streamed in two pieces, cut anywhere
+                content, _, _, calls = _run(parser.__class__(calls_only=parser.calls_only), [text[:cut], text[cut:]])
+                assert content == "" and calls[0] == ("f", '{"a": 1}'), (text, cut)
+    # auto: text after a call is still content, the whitespace before it included
+    assert _run(HermesToolParser(), [call + "\n Done."])[0] == "\n Done."
+    # a `<` that ends free text before any call stays content; calls_only gives out none at all
+    assert _run(HermesToolParser(), ["a <"])[0] == "a <"
+    assert _run(HermesToolParser(calls_only=True), ["x" + call + "y"])[0] == ""
 
 
 def test_tool_parser_streams_the_same_calls_however_the_text_is_cut():
