@@ -11,8 +11,8 @@ from typing import Any
 
 from kvserve.backend.structured import GrammarSpec, parse_spec
 from kvserve.seam.error_wire import invalid
-from kvserve.seam.limits import (MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
-                                 MAX_TIMEOUT_S)
+from kvserve.seam.limits import (INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N,
+                                 MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
 
 
 @dataclass(slots=True)
@@ -65,8 +65,8 @@ class SamplingParams:
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
-        if self.seed is not None and not _is_int(self.seed):
-            raise invalid("seed", "must be an integer")
+        if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
+            raise invalid("seed", "must be an integer that fits in an int64")
         if len(self.stop) > MAX_STOP:
             raise invalid("stop", f"at most {MAX_STOP} stop strings")
         for s in self.stop:
@@ -125,6 +125,13 @@ class SamplingParams:
             raise invalid("sampling_parameters", "a field has the wrong type") from None
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond a float's range (JSON allows any number of digits)
+        return False
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -141,7 +148,7 @@ def _int_in(name: str, value: Any, low: int, high: int | None) -> None:
 
 
 def _float_in(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise invalid(name, "must be a finite number")
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["

@@ -101,6 +101,10 @@ def parse_spec(value: Any) -> GrammarSpec:
 def _bounded(spec: GrammarSpec) -> GrammarSpec:
     if len(spec.text) > MAX_SPEC_CHARS:
         raise invalid(FIELD, f"the {spec.kind} constraint is longer than {MAX_SPEC_CHARS} characters")
+    try:
+        spec.text.encode("utf-8")  # the compiler takes UTF-8; JSON's "\ud800" escapes decode to what it cannot
+    except UnicodeEncodeError:
+        raise invalid(FIELD, f"the {spec.kind} constraint holds a lone surrogate, which is not text") from None
     return spec
 
 

@@ -56,6 +56,16 @@ def as_text(value, name: str) -> str:
     raise invalid(name, "must be a string (BYTES tensor)")
 
 
+def _json_object(text: str):
+    """The sampling parameters' JSON; a RequestError naming the tensor when it does not parse."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(T.SAMPLING_PARAMETERS, f"malformed JSON ({exc.msg})") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise invalid(T.SAMPLING_PARAMETERS, "malformed JSON (a number with too many digits)") from None
+
+
 def parse_request(pb_utils, request) -> ParsedRequest:
     """Read inputs; any problem raises ValueError naming the input or field."""
     text = first_scalar(pb_utils, request, T.TEXT_INPUT)
@@ -74,11 +84,9 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     else:
         raise invalid(T.TEXT_INPUT, f"one of {T.TEXT_INPUT} or {T.INPUT_IDS} is required")
     raw = first_scalar(pb_utils, request, T.SAMPLING_PARAMETERS)
+    sampling_json = as_text(raw, T.SAMPLING_PARAMETERS) if raw is not None else "{}"
     try:
-        data = json.loads(as_text(raw, T.SAMPLING_PARAMETERS)) if raw is not None else {}
-        params = SamplingParams.from_dict(data)
-    except json.JSONDecodeError as exc:
-        raise invalid(T.SAMPLING_PARAMETERS, f"malformed JSON ({exc.msg})") from None
+        params = SamplingParams.from_dict(_json_object(sampling_json))
     except RecursionError:  # nested deeper than the parser (or a value's repr) can go
         raise invalid(T.SAMPLING_PARAMETERS, "nested too deeply") from None
     stream = first_scalar(pb_utils, request, T.STREAM)

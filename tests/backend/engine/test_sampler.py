@@ -86,6 +86,13 @@ def test_bad_params_name_the_field():
                       ({"stop": ["x"] * 1000}, "stop"), ({"logprobs": 99}, "logprobs")]:
         with pytest.raises(ValueError, match=f"^{field}:"):
             SamplingParams(**kw)
+    # JSON allows integers of any size: beyond a float's range or an int64's they are still the field's fault
+    for kw, field in [({"temperature": 10**400}, "temperature"), ({"top_p": -10**400}, "top_p"),
+                      ({"logit_bias": {5: 10**400}}, "logit_bias"), ({"timeout": 10**400}, "timeout"),
+                      ({"seed": 2**70}, "seed"), ({"seed": -2**70}, "seed"), ({"seed": 2**63}, "seed")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            SamplingParams(**kw)
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1 and SamplingParams(seed=-2**63).seed == -2**63
     # Named by the field it is in, not by itself: a message quotes nothing of the request.
     with pytest.raises(ValueError, match="^sampling_parameters: has an unknown field$"):
         SamplingParams.from_dict({"bogus": 1})

@@ -149,6 +149,8 @@ def test_compiles_are_cached_with_a_bound(llm):
     ({"grammar": "root ::= undefined_rule"}, None),
     ({"regex": "a", "choice": ["b"]}, "exactly one"),
     ({"choice": []}, "choice"),
+    ({"regex": "\ud800"}, "lone surrogate"),  # what JSON's "\ud800" escape decodes to
+    ({"json": {"type": "string", "pattern": "\udfff"}}, "lone surrogate"),
 ])
 def test_bad_constraints_name_the_field(llm, bad, words):
     with pytest.raises(ValueError) as err:

@@ -168,6 +168,8 @@ def test_cancelled_streams_free_every_block_and_others_finish(host):
     (lambda: _inputs(prompt=None, params={"max_tokens": 4}), "text_input"),
     (lambda: [_typed("text_input", np.array([1.5], dtype=np.float32), "FP32")], "text_input"),
     (lambda: _inputs("hi", params="{not json"), "sampling_parameters"),
+    (lambda: _inputs("hi", params='{"temperature": ' + "9" * 5000 + "}"), "param=sampling_parameters"),
+    (lambda: _inputs("hi", params='{"temperature": ' + "9" * 400 + "}"), "param=temperature"),
     (lambda: _inputs("hi", params={"temperature": -3}), "temperature"),
     (lambda: _inputs(ids=list(range(3, 3 + MAX_MODEL_LEN + 5)), params={"max_tokens": 4}), "context_length"),
 ])
