@@ -54,13 +54,19 @@ class ModelRepository:
             raise FileNotFoundError(f"model repository '{self.root}' is not a directory")
         self.metrics = metrics
         self.entries: dict[str, ModelEntry] = {}
+        # Models in the repository that explicit model control did not load: the index lists them
+        # by name alone, as tritonserver's does ("every model available ... even if not loaded").
+        self.not_loaded: list[str] = []
 
     def scan(self, only: frozenset[str] | None = None) -> None:
         """Find the models; with `only` (explicit model control) just those, and a name
         that is not in the repository is a failed model, as tritonserver reports it."""
         found = set()
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            if not (model_dir / CONFIG_FILE).is_file() or (only is not None and model_dir.name not in only):
+            if not (model_dir / CONFIG_FILE).is_file():
+                continue
+            if only is not None and model_dir.name not in only:
+                self.not_loaded.append(model_dir.name)
                 continue
             found.add(model_dir.name)
             entry = ModelEntry(model_dir.name, model_dir)
@@ -129,7 +135,8 @@ class ModelRepository:
                 rows.append((entry.name, "", ModelState.UNAVAILABLE.value, entry.error))
             for v, rt in sorted(entry.versions.items()):
                 rows.append((entry.name, str(v), rt.state.value, rt.reason))
-        return rows
+        rows.extend((name, "", "", "") for name in self.not_loaded)
+        return sorted(rows)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         for entry in self.entries.values():

@@ -105,6 +105,23 @@ def test_bad_models_do_not_take_others_down(tmp_path: Path) -> None:
         repo.shutdown()
 
 
+def test_explicit_control_lists_the_models_it_did_not_load_by_name(tmp_path: Path) -> None:
+    # tritonserver's index: "every model available in a model repository, even if not loaded"
+    shutil.copytree(BASIC / "add_sub", tmp_path / "add_sub")
+    shutil.copytree(BASIC / "failing", tmp_path / "failing")
+    (tmp_path / "not_a_model").mkdir()  # no config.pbtxt: not a model
+    repo = ModelRepository(tmp_path, HostMetrics())
+    repo.scan(only=frozenset({"add_sub", "absent"}))
+    try:
+        rows = {row[0]: row for row in repo.index()}
+        assert set(rows) == {"add_sub", "absent", "failing"}
+        assert rows["failing"] == ("failing", "", "", "")  # by name alone: no version, no state
+        assert rows["absent"][2] == "UNAVAILABLE" and rows["add_sub"][1] == "1"
+        assert set(repo.entries) == {"add_sub", "absent"}  # a model not loaded is not looked up or awaited
+    finally:
+        repo.shutdown()
+
+
 def test_auto_complete_config_and_initialize_args(tmp_path: Path) -> None:
     source = """
         import json
