@@ -22,6 +22,8 @@ from typing import Any
 
 from tokenizers import Tokenizer, models
 
+from kvserve.seam.token_bytes import TokenBytes
+
 # Longer texts are tokenized without holding the GIL (and, in the gateway, off the event loop).
 LONG_TEXT_CHARS = 16_384
 
@@ -40,6 +42,8 @@ class ModelTokenizer:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         # Each token's text, as logprobs show it: filled as tokens are seen, at most the vocabulary.
         self._texts: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
+        self._token_bytes: TokenBytes | None = None
         self._max_chars_per_token: int | None | bool = False  # False: not computed yet
 
     @classmethod
@@ -96,6 +100,18 @@ class ModelTokenizer:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False) if token_id < self.vocab_size else ""
             self._texts[token_id] = text
         return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (seam/token_bytes.py): what a lone byte of a multi-byte
+        character is, where token_text shows U+FFFD."""
+        data = self._bytes.get(token_id)
+        if data is None:
+            if self._token_bytes is None:
+                decoder = self.tokenizer.decoder
+                self._token_bytes = TokenBytes(decoder.__getstate__().decode() if decoder is not None else None)
+            data = self._token_bytes.of(self.tokenizer.id_to_token(token_id), self.token_text(token_id))
+            self._bytes[token_id] = data
+        return data
 
     def id_to_token(self, token_id: int) -> str:
         return self.tokenizer.id_to_token(token_id) or ""

@@ -105,6 +105,13 @@ class Gateway:
             return f"token_id:{token_id}"
         return self.tokenizer.token_text(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's own bytes for logprobs (seam/token_bytes.py); those of its `token_id:N`
+        form when this gateway has no tokenizer."""
+        if self.tokenizer is None:
+            return self.token_text(token_id).encode()
+        return self.tokenizer.token_bytes(token_id)
+
     def require_tokenizer(self) -> ModelTokenizer:
         if self.tokenizer is None:
             raise ApiError(400, "this server has no tokenizer: start it with --model or --tokenizer", code="tokenizer_unavailable")

@@ -22,6 +22,7 @@ from kvserve.frontend.backend_client import (BackendError, BackendFailed, Backen
                                              GenerateRequest, annotate_request, annotate_response)
 from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
+from kvserve.frontend.openai.logprobs_format import TextOffsets
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,
@@ -155,14 +156,14 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
         for state in choices:
             text = call.echo_texts[state.index // call.n]
             state.text.append(text)
-            state.next_text_offset = len(text)
+            state.text_offsets = TextOffsets(len(text))
     usage = Usage()
     try:
         async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
-                            token_text=gateway.token_text)
+                            token_text=gateway.token_text, token_bytes=gateway.token_bytes)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
     if call.parses_tool_calls:
@@ -209,7 +210,8 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
                 async for prompt_index, delta in fan:
                     usage.observe(prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
-                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text)
+                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text,
+                                                 token_bytes=gateway.token_bytes)
                     events = None
                     if parsers is not None:
                         parser = parsers[state.index]
@@ -260,7 +262,7 @@ class ChunkShaper:
                 await writer.send(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
-                state.next_text_offset = len(text)
+                state.text_offsets = TextOffsets(len(text))
                 await writer.send(self.chunks.completion(state.index, text, None, None))
 
     async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,

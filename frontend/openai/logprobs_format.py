@@ -4,21 +4,42 @@ completions: parallel lists {tokens, token_logprobs, top_logprobs: [{token: lp}]
 chat:        {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
 
 The engine sends numbers (token ids and logprobs); `token_text` renders a token
-id as its text here, with the gateway's tokenizer (`Gateway.token_text`).
+id as its text here, with the gateway's tokenizer (`Gateway.token_text`), and
+`token_bytes` gives its own bytes (`Gateway.token_bytes`): a token that holds part
+of a character reads as U+FFFD, while its `bytes` (chat) are the real ones, and
+the text_offsets (completions) count the characters its bytes complete.
 """
 from __future__ import annotations
 
+import codecs
 from typing import Any, Callable
 
 from kvserve.frontend.backend_client import TokenLogprob
 
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_offset: int, token_text: TokenText) -> dict[str, Any]:
-    """`text_offset` is where the first of these tokens starts in the choice's text
-    (so streamed chunks continue the count of the chunks before them)."""
-    tokens, token_logprobs, tops, offsets = [], [], [], []
+class TextOffsets:
+    """completions' text_offset: where each token starts in the choice's text. A token starts
+    after the characters that the bytes before it complete, so the three tokens of "😀" all
+    start where the emoji does, and the token after them one character later."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.next = start
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, data: bytes) -> int:
+        """The offset of a token with these bytes; the ones after it count from past it."""
+        at = self.next
+        self.next += len(self._utf8.decode(data))
+        return at
+
+
+def completion_logprobs(entries: list[TokenLogprob], offsets: TextOffsets, token_text: TokenText,
+                        token_bytes: TokenBytes) -> dict[str, Any]:
+    """`offsets` continues the choice's count (streamed chunks go on from the chunks before them)."""
+    tokens, token_logprobs, tops, text_offsets = [], [], [], []
     for e in entries:
         token = token_text(e.token_id)
         tokens.append(token)
@@ -26,9 +47,8 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int, token_tex
         top = {token_text(t.token_id): t.logprob for t in e.top_logprobs}
         top.setdefault(token, e.logprob)  # as vLLM: the sampled token is always listed
         tops.append(top)
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+        text_offsets.append(offsets.advance(token_bytes(e.token_id)))
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": text_offsets}
 
 
 def merge_completion_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -41,15 +61,15 @@ def merge_completion_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any] | N
     return merged
 
 
-def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+def _chat_entry(token_id: int, logprob: float, token_text: TokenText, token_bytes: TokenBytes) -> dict[str, Any]:
+    return {"token": token_text(token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
 
 
-def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> list[dict[str, Any]]:
+def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText, token_bytes: TokenBytes) -> list[dict[str, Any]]:
     return [
         {
-            **_chat_entry(token_text(e.token_id), e.logprob),
-            "top_logprobs": [_chat_entry(token_text(t.token_id), t.logprob) for t in e.top_logprobs],
+            **_chat_entry(e.token_id, e.logprob, token_text, token_bytes),
+            "top_logprobs": [_chat_entry(t.token_id, t.logprob, token_text, token_bytes) for t in e.top_logprobs],
         }
         for e in entries
     ]

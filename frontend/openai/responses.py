@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend.backend_client import ChoiceDelta
-from kvserve.frontend.openai.logprobs_format import (TokenText, chat_logprobs, completion_logprobs,
-                                                     merge_completion_logprobs)
+from kvserve.frontend.openai.logprobs_format import (TextOffsets, TokenBytes, TokenText, chat_logprobs,
+                                                     completion_logprobs, merge_completion_logprobs)
 
 
 @dataclass(slots=True)
@@ -19,10 +19,10 @@ class ChoiceState:
 
     index: int  # OpenAI index: prompt_index * n + choice index
     text: list[str] = field(default_factory=list)
-    # completions' text_offset of the next token: the echoed prompt's length plus the lengths of
-    # the token strings listed so far, so streamed and unstreamed responses agree even when the
+    # completions' text_offset of the next token: the echoed prompt's length plus the characters
+    # the tokens listed so far complete, so streamed and unstreamed responses agree even when the
     # engine held text back (an unfinished UTF-8 character, a possible stop string)
-    next_text_offset: int = 0
+    text_offsets: TextOffsets = field(default_factory=TextOffsets)
     finish_reason: str | None = None
     completion_tokens: int = 0
     token_count: int = 0
@@ -53,17 +53,17 @@ class Usage:
         }
 
 
-def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool, token_text: TokenText) -> tuple[Any, str]:
+def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool, token_text: TokenText,
+                token_bytes: TokenBytes) -> tuple[Any, str]:
     """Fold a delta into `state`; returns (logprobs for this delta's chunk, its text)."""
     chunk_lp: Any = None
     if delta.logprobs is not None:
         if chat:
-            chunk_lp = chat_logprobs(delta.logprobs, token_text)
+            chunk_lp = chat_logprobs(delta.logprobs, token_text, token_bytes)
             state.chat_lp.extend(chunk_lp)
         else:
-            chunk_lp = completion_logprobs(delta.logprobs, state.next_text_offset, token_text)
+            chunk_lp = completion_logprobs(delta.logprobs, state.text_offsets, token_text, token_bytes)
             state.completion_lp.append(chunk_lp)
-            state.next_text_offset += sum(len(token) for token in chunk_lp["tokens"])
     state.text.append(delta.text)
     state.token_count += len(delta.token_ids)
     state.completion_tokens = max(state.completion_tokens, delta.completion_tokens)

@@ -88,6 +88,16 @@ def test_missing_characters_fall_back_to_utf8_bytes(tmp_path: Path) -> None:
     assert tok.decode(tok.encode("cé\x01 a")) == "cé\x01 a"
 
 
+def test_token_bytes_are_the_byte_pieces_and_the_spelled_text(tmp_path: Path) -> None:
+    # what chat logprobs' `bytes` carry: a <0xNN> piece alone reads as U+FFFD, its byte is NN
+    tok = _synthetic(tmp_path)
+    ids = tok.encode("é the", add_special_tokens=False)
+    assert tok.token_text(ids[1]) == tok.token_text(ids[2]) == "\ufffd"
+    assert [tok.token_bytes(i) for i in ids] == [b" ", b"\xc3", b"\xa9", b" the"]
+    assert b"".join(tok.token_bytes(i) for i in ids).decode() == " é the"
+    assert tok.token_bytes(tok.encode("x")[0]) == b"<bos>"  # a control token: its text
+
+
 def test_derived_merges_rank_by_score_and_gemma_by_position(tmp_path: Path) -> None:
     assert _pieces(_synthetic(tmp_path, add_space_prefix=False), "abc", add_special_tokens=False) == ["ab", "c"]
     gemma = _synthetic(tmp_path, "gemma.gguf", arch="gemma3", add_space_prefix=False)

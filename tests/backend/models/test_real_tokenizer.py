@@ -75,3 +75,11 @@ def test_incremental_detokenizer_over_real_merges(ours, text: str) -> None:
 
 def test_end_of_turn_is_the_stop_token(ours) -> None:
     assert ours.eos_token_ids == {2} and ours.id_to_token(2) == "<|im_end|>"
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_bytes_join_to_the_text(ours, text: str) -> None:
+    # chat logprobs' `bytes`: byte-level BPE spells each byte as one character; a token holding
+    # part of an emoji reads as U+FFFD alone, but its bytes are its own
+    ids = ours.encode(text, add_special_tokens=False)
+    assert b"".join(ours.token_bytes(i) for i in ids).decode("utf-8") == text

@@ -140,7 +140,9 @@ def test_chat_logprobs(client: openai.OpenAI, server) -> None:
     content = out.choices[0].logprobs.content
     text = server.tokenizer.token_text
     assert [c.token for c in content] == [text(100), text(101)]
-    assert content[0].bytes == list(text(100).encode()) and content[0].logprob == -0.25
+    # the token's own bytes: token 100 of the tiny model is one byte of a character, shown as U+FFFD
+    assert text(100) == "\ufffd" and content[0].bytes == list(server.tokenizer.token_bytes(100)) == [0xA3]
+    assert content[0].logprob == -0.25
     assert [(t.token, t.logprob) for t in content[0].top_logprobs] == [(text(200), -1.0)]
     assert server.backend.requests[-1].sampling["logprobs"] == 1
     plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
