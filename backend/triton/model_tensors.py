@@ -56,8 +56,8 @@ def as_text(value, name: str) -> str:
     raise invalid(name, "must be a string (BYTES tensor)")
 
 
-def _json_object(text: str):
-    """The sampling parameters' JSON; a RequestError naming the tensor when it does not parse."""
+def _sampling_parameters(text: str):
+    """The sampling parameters JSON, parsed; a RequestError naming the tensor when it does not parse."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -86,7 +86,7 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     raw = first_scalar(pb_utils, request, T.SAMPLING_PARAMETERS)
     sampling_json = as_text(raw, T.SAMPLING_PARAMETERS) if raw is not None else "{}"
     try:
-        params = SamplingParams.from_dict(_json_object(sampling_json))
+        params = SamplingParams.from_dict(_sampling_parameters(sampling_json))
     except RecursionError:  # nested deeper than the parser (or a value's repr) can go
         raise invalid(T.SAMPLING_PARAMETERS, "nested too deeply") from None
     stream = first_scalar(pb_utils, request, T.STREAM)
