@@ -110,6 +110,15 @@ class BackendMetrics:
         self._observe(m.REQUEST_QUEUE_TIME, queue_s)
         self._observe(m.TIME_TO_FIRST_TOKEN, ttft_s)
 
+    def on_request_phases(self, prompt_tokens: int, generation_tokens: int, prefill_s: float | None,
+                          decode_s: float | None, inference_s: float | None) -> None:
+        """A finished generation request's sizes and phases (vLLM's); None for a phase it never reached."""
+        self._observe(m.REQUEST_PROMPT_TOKENS, prompt_tokens)
+        self._observe(m.REQUEST_GENERATION_TOKENS, generation_tokens)
+        self._observe(m.REQUEST_PREFILL_TIME, prefill_s)
+        self._observe(m.REQUEST_DECODE_TIME, decode_s)
+        self._observe(m.REQUEST_INFERENCE_TIME, inference_s)
+
     def on_token_latency(self, seconds: float) -> None:
         """Time between two consecutive output tokens of one request."""
         self._observe(m.INTER_TOKEN_LATENCY, seconds)

@@ -97,9 +97,15 @@ class EngineTelemetry:
         rm = out.metrics
         reason = "error" if out.error else (rm.finish_reasons[-1] if rm.finish_reasons else "abort")
         if self.metrics is not None:
-            queue_s = None if rm.first_scheduled is None else rm.first_scheduled - rm.arrival
-            ttft_s = None if rm.first_token is None else rm.first_token - rm.arrival
+            scheduled, first = rm.first_scheduled, rm.first_token
+            queue_s = None if scheduled is None else scheduled - rm.arrival
+            ttft_s = None if first is None else first - rm.arrival
             self.metrics.on_finished(reason, rm.finished - rm.arrival, queue_s, ttft_s)
+            self.metrics.on_request_phases(
+                rm.num_prompt_tokens, rm.num_generated_tokens,
+                prefill_s=None if scheduled is None or first is None else first - scheduled,
+                decode_s=None if first is None else rm.finished - first,
+                inference_s=None if scheduled is None else rm.finished - scheduled)
         attributes = {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
                       sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
                       sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens}

@@ -31,6 +31,12 @@ DESIGN_NAMES = {
     "kvserve:inter_token_latency_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:e2e_request_latency_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:request_queue_time_seconds": m.MetricKind.HISTOGRAM,
+    # vLLM's per-request phases and sizes
+    "kvserve:request_prefill_time_seconds": m.MetricKind.HISTOGRAM,
+    "kvserve:request_decode_time_seconds": m.MetricKind.HISTOGRAM,
+    "kvserve:request_inference_time_seconds": m.MetricKind.HISTOGRAM,
+    "kvserve:request_prompt_tokens": m.MetricKind.HISTOGRAM,
+    "kvserve:request_generation_tokens": m.MetricKind.HISTOGRAM,
     # speculative decoding (issue 32): vLLM's spec_decode counters
     "kvserve:spec_decode_num_drafts_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
@@ -145,6 +151,8 @@ def test_backend_metrics_through_pb_utils():
     rec.on_finished("stop", e2e_s=1.5, queue_s=0.1, ttft_s=0.2)
     rec.on_finished("length", e2e_s=3.0)
     rec.on_finished("cancelled_by_gremlins", e2e_s=0.5, queue_s=0.5)
+    rec.on_request_phases(12, 7, prefill_s=0.1, decode_s=1.2, inference_s=1.3)
+    rec.on_request_phases(40, 0, prefill_s=None, decode_s=None, inference_s=None)  # aborted while waiting
 
     assert series(pb, "kvserve:num_requests_running").value == 4
     assert series(pb, "kvserve:num_requests_waiting").value == 0
@@ -173,6 +181,12 @@ def test_backend_metrics_through_pb_utils():
     ttft = series(pb, "kvserve:time_to_first_token_seconds")
     assert ttft.observations == [0.2] and ttft.buckets == list(m.TTFT_BUCKETS)
     assert series(pb, "kvserve:inter_token_latency_seconds").observations == [0.02, 0.03]
+    prompt = series(pb, "kvserve:request_prompt_tokens")
+    assert prompt.observations == [12, 40] and prompt.buckets == list(m.TOKEN_COUNT_BUCKETS)
+    assert series(pb, "kvserve:request_generation_tokens").observations == [7, 0]
+    assert series(pb, "kvserve:request_prefill_time_seconds").observations == [0.1]
+    assert series(pb, "kvserve:request_decode_time_seconds").observations == [1.2]
+    assert series(pb, "kvserve:request_inference_time_seconds").observations == [1.3]
 
 
 def test_backend_metrics_reject_nonsense():

@@ -13,7 +13,10 @@ WORKLOAD = [  # (prompt, max_tokens, stream)
 ]
 BACKEND = ("kvserve:prompt_tokens_total", "kvserve:generation_tokens_total",
            "kvserve:time_to_first_token_seconds_count", "kvserve:e2e_request_latency_seconds_count",
-           "kvserve:inter_token_latency_seconds_count", "kvserve:request_queue_time_seconds_count")
+           "kvserve:inter_token_latency_seconds_count", "kvserve:request_queue_time_seconds_count",
+           "kvserve:request_prefill_time_seconds_count", "kvserve:request_decode_time_seconds_count",
+           "kvserve:request_inference_time_seconds_count", "kvserve:request_prompt_tokens_count",
+           "kvserve:request_prompt_tokens_sum", "kvserve:request_generation_tokens_sum")
 
 
 def _snapshot(text: str) -> dict[tuple, float]:
@@ -52,6 +55,13 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
         ("kvserve:e2e_request_latency_seconds_count",): n,
         ("kvserve:request_queue_time_seconds_count",): n,
         ("kvserve:inter_token_latency_seconds_count",): generated - n,
+        # vLLM's per-request phases and sizes: one observation each per request
+        ("kvserve:request_prefill_time_seconds_count",): n,
+        ("kvserve:request_decode_time_seconds_count",): n,
+        ("kvserve:request_inference_time_seconds_count",): n,
+        ("kvserve:request_prompt_tokens_count",): n,
+        ("kvserve:request_prompt_tokens_sum",): prompt_tokens,
+        ("kvserve:request_generation_tokens_sum",): generated,
         ("http", "200"): n,
         ("http", "400"): 1,
         ("http", "404"): 1,
