@@ -119,6 +119,10 @@ class BackendMetrics:
         self._observe(m.REQUEST_DECODE_TIME, decode_s)
         self._observe(m.REQUEST_INFERENCE_TIME, inference_s)
 
+    def on_iteration_tokens(self, tokens: int) -> None:
+        """The tokens one engine step ran."""
+        self._observe(m.ITERATION_TOKENS, tokens)
+
     def on_token_latency(self, seconds: float) -> None:
         """Time between two consecutive output tokens of one request."""
         self._observe(m.INTER_TOKEN_LATENCY, seconds)

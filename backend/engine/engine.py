@@ -95,6 +95,7 @@ class LLMEngine:
         self.generation_tokens_total = 0
         # Inter-token gaps since the last stats() (which hands them on).
         self._inter_token_gaps: list[float] = []
+        self._iteration_tokens: list[int] = []  # tokens each step ran, until stats() takes them
         self._verify_seconds = 0.0  # the last step's verification time (the speculation policy's)
 
     # ---- admission -------------------------------------------------------------------------
@@ -193,6 +194,7 @@ class LLMEngine:
             self.runner.update_block_tables(sched)  # it still forgets the finished ones
             return outputs
         started = time.perf_counter()
+        self._iteration_tokens.append(sum(len(s.token_ids) for s in sched.scheduled))
         logits, sample_ids = self.runner.execute(sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
         sampled, runs = self._sample(logits, sched, sample_ids, seqs)
@@ -474,8 +476,10 @@ class LLMEngine:
 
     # ---- introspection for metrics, tests and the async wrapper ------------------------------
     def stats(self) -> EngineStats:
-        """Now's gauges and totals, with the inter-token gaps since the previous call (engine thread)."""
+        """Now's gauges and totals, with the inter-token gaps and the steps' token counts since the
+        previous call (engine thread)."""
         gaps, self._inter_token_gaps = self._inter_token_gaps, []
+        iterations, self._iteration_tokens = self._iteration_tokens, []
         return EngineStats(
             num_requests_running=self.scheduler.num_running,
             num_requests_waiting=self.scheduler.num_waiting,
@@ -490,6 +494,7 @@ class LLMEngine:
             num_grammar_matchers=len(self.matchers),
             kv_cache_touched_bytes=self.kv.num_touched_blocks * self.runner.block_bytes,
             inter_token_gaps=tuple(gaps),
+            iteration_tokens=tuple(iterations),
             lora_running=_adapter_names(self.scheduler.running),
             lora_waiting=_adapter_names(self.scheduler.waiting),
             lora_requests_finished_total=tuple(sorted(self.lora_finished.items())),

@@ -67,6 +67,8 @@ class EngineStats:
     # Gaps between consecutive tokens of a sequence (seconds) since the previous
     # stats(): each gap is in exactly one EngineStats.
     inter_token_gaps: tuple[float, ...] = ()
+    # Tokens each engine step ran (prompt chunks, decode and speculative tokens) since the previous stats().
+    iteration_tokens: tuple[int, ...] = ()
     # LoRA (vLLM's vllm:lora_requests_info): the adapters with running / waiting requests now, and
     # per adapter name the requests that ended (finished, aborted or failed) since the start.
     lora_running: tuple[str, ...] = ()

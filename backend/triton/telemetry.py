@@ -77,6 +77,8 @@ class EngineTelemetry:
             [n - (before[j] if j < len(before) else 0) for j, n in enumerate(per_position)])
         for gap in stats.inter_token_gaps:
             m.on_token_latency(gap)
+        for tokens in stats.iteration_tokens:
+            m.on_iteration_tokens(tokens)
         before_lora = dict(last.lora_requests_finished_total) if last else {}
         for name, total in stats.lora_requests_finished_total:
             m.on_lora_requests(name, total - before_lora.get(name, 0))

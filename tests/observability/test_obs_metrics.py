@@ -37,6 +37,7 @@ DESIGN_NAMES = {
     "kvserve:request_inference_time_seconds": m.MetricKind.HISTOGRAM,
     "kvserve:request_prompt_tokens": m.MetricKind.HISTOGRAM,
     "kvserve:request_generation_tokens": m.MetricKind.HISTOGRAM,
+    "kvserve:iteration_tokens_total": m.MetricKind.HISTOGRAM,  # vLLM's name
     # speculative decoding (issue 32): vLLM's spec_decode counters
     "kvserve:spec_decode_num_drafts_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
@@ -152,6 +153,8 @@ def test_backend_metrics_through_pb_utils():
     rec.on_finished("length", e2e_s=3.0)
     rec.on_finished("cancelled_by_gremlins", e2e_s=0.5, queue_s=0.5)
     rec.on_request_phases(12, 7, prefill_s=0.1, decode_s=1.2, inference_s=1.3)
+    rec.on_iteration_tokens(12)
+    rec.on_iteration_tokens(1)
     rec.on_request_phases(40, 0, prefill_s=None, decode_s=None, inference_s=None)  # aborted while waiting
 
     assert series(pb, "kvserve:num_requests_running").value == 4
@@ -187,6 +190,8 @@ def test_backend_metrics_through_pb_utils():
     assert series(pb, "kvserve:request_prefill_time_seconds").observations == [0.1]
     assert series(pb, "kvserve:request_decode_time_seconds").observations == [1.2]
     assert series(pb, "kvserve:request_inference_time_seconds").observations == [1.3]
+    steps = series(pb, "kvserve:iteration_tokens_total")
+    assert steps.observations == [12, 1] and steps.buckets == list(m.ITERATION_TOKEN_BUCKETS)
 
 
 def test_backend_metrics_reject_nonsense():

@@ -16,7 +16,8 @@ BACKEND = ("kvserve:prompt_tokens_total", "kvserve:generation_tokens_total",
            "kvserve:inter_token_latency_seconds_count", "kvserve:request_queue_time_seconds_count",
            "kvserve:request_prefill_time_seconds_count", "kvserve:request_decode_time_seconds_count",
            "kvserve:request_inference_time_seconds_count", "kvserve:request_prompt_tokens_count",
-           "kvserve:request_prompt_tokens_sum", "kvserve:request_generation_tokens_sum")
+           "kvserve:request_prompt_tokens_sum", "kvserve:request_generation_tokens_sum",
+           "kvserve:iteration_tokens_total_sum")
 
 
 def _snapshot(text: str) -> dict[tuple, float]:
@@ -31,7 +32,7 @@ def _snapshot(text: str) -> dict[tuple, float]:
 
 def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -> None:
     before = _snapshot(traced_server.metrics())
-    prompt_tokens = generated = 0
+    prompt_tokens = generated = cached = 0
     for prompt, max_tokens, stream in WORKLOAD:
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "ignore_eos": True,
                 "temperature": 0}
@@ -43,6 +44,7 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
         assert usage["completion_tokens"] == max_tokens
         prompt_tokens += usage["prompt_tokens"]
         generated += usage["completion_tokens"]
+        cached += usage["prompt_tokens_details"]["cached_tokens"]
     assert traced_server.request("POST", CHAT, {"messages": [], "max_tokens": 1})[0] == 400
     assert traced_server.request("GET", "/no/such/route")[0] == 404
 
@@ -62,6 +64,9 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
         ("kvserve:request_prompt_tokens_count",): n,
         ("kvserve:request_prompt_tokens_sum",): prompt_tokens,
         ("kvserve:request_generation_tokens_sum",): generated,
+        # one request at a time: each prompt's uncached tokens (its first token comes of them),
+        # then one token a step for each token after the first
+        ("kvserve:iteration_tokens_total_sum",): prompt_tokens - cached + generated - n,
         ("http", "200"): n,
         ("http", "400"): 1,
         ("http", "404"): 1,
