@@ -109,7 +109,7 @@ class ModelTokenizer:
             if self._token_bytes is None:
                 decoder = self.tokenizer.decoder
                 self._token_bytes = TokenBytes(decoder.__getstate__().decode() if decoder is not None else None)
-            data = self._token_bytes.of(self.tokenizer.id_to_token(token_id), self.token_text(token_id))
+            data = self._token_bytes.of(self.id_to_token(token_id), self.token_text(token_id))
             self._bytes[token_id] = data
         return data
 

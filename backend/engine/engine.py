@@ -194,7 +194,8 @@ class LLMEngine:
             self.runner.update_block_tables(sched)  # it still forgets the finished ones
             return outputs
         started = time.perf_counter()
-        self._iteration_tokens.append(sum(len(s.token_ids) for s in sched.scheduled))
+        num_tokens = sum(len(s.token_ids) for s in sched.scheduled)
+        self._iteration_tokens.append(num_tokens)
         logits, sample_ids = self.runner.execute(sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
         sampled, runs = self._sample(logits, sched, sample_ids, seqs)
@@ -202,7 +203,7 @@ class LLMEngine:
             num_spec = sum(s.num_spec_tokens for s in sched.scheduled)
             self.speculator.observe_verification(self._verify_seconds, num_spec)
             if _is_pure_decode(sched):  # the forward and the plain sampling: verification is apart
-                self.speculator.observe_step(sum(len(s.token_ids) for s in sched.scheduled),
+                self.speculator.observe_step(num_tokens,
                                              time.perf_counter() - started - self._verify_seconds, num_spec)
         accepted: list[tuple[_Sequence, object]] = []
         refused: list[str] = []

@@ -61,10 +61,9 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     if options is not None and not stream:
         # As OpenAI and vLLM answer it: the options of a stream that was not asked for.
         raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-    include_usage = options is not None and options.get("include_usage")
+    include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
-    include_usage = bool(include_usage)
     _check_unimplemented_extensions(body, chat=chat)
     constraint = parse_constraint(body)
     if not chat and (body.get("tools") or body.get("functions")):
@@ -81,7 +80,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "model": model,
         "n": n,
         "stream": stream,
-        "include_usage": include_usage,
+        "include_usage": bool(include_usage),
         "sampling": sampling,
         "user": F.opt_str(body, "user", max_len=256),
         "constraint_param": constraint.param if constraint is not None else None,

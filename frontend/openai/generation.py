@@ -176,7 +176,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
 def _parser(call: Call) -> HermesToolParser:
     tools = call.tools
     return HermesToolParser(max_calls=None if tools is None or tools.parallel else 1,
-                            calls_only=tools is not None and tools.choice in ("required", "named"))
+                            calls_only=tools is not None and tools.forced)
 
 
 def _read_tool_calls(call: Call, state: ChoiceState) -> None:

@@ -47,6 +47,11 @@ class ToolRequest:
     def parses_calls(self) -> bool:
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def forced(self) -> bool:
+        """`required` or a named function: the constraint allows calls only, no free text."""
+        return self.choice in ("required", "named")
+
     def names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]
 
@@ -129,7 +134,7 @@ def _choice(value: Any, names: list[str]) -> tuple[str, str | None]:
 
 def tool_constraint(req: ToolRequest) -> dict[str, Any] | None:
     """The structural tag that enforces `required` / a named function; None for auto and none."""
-    if req.choice not in ("required", "named"):
+    if not req.forced:
         return None
 
     def tag(tool: dict[str, Any]) -> dict[str, Any]:
