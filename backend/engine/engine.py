@@ -31,6 +31,8 @@ from kvserve.seam.error_wire import ErrorKind, invalid
 
 log = logging.getLogger("kvserve.engine")
 
+_PROMPT_SCORE_ROWS = 256  # prompt rows scored at a time
+
 
 @dataclass(slots=True)
 class _Sequence:
@@ -58,6 +60,10 @@ class _Group:
     finished_children: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     prefilled: bool = False  # its prompt tokens were counted (once per request, whatever n)
+    # prompt_logprobs: per prompt token, its logprob given those before it (None for the first),
+    # filled as its first child's prompt chunks run; handed out once, on the first output after.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_logprobs_sent: bool = False
 
 
 class LLMEngine:
@@ -115,6 +121,8 @@ class LLMEngine:
         if params.grammar is not None and compiled_grammar is None:
             compiled_grammar = self.grammars.compile(params.grammar)
         group = _Group(request_id, prompt.text, ids, params, [], traceparent=traceparent, lora=lora_request)
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = [None]
         arrival = arrival_time or time.time()
         if self.config.enable_prefix_caching:
             cache_key = params.cache_salt or ""
@@ -130,6 +138,7 @@ class LLMEngine:
                           lora_int_id=lora_request.lora_int_id if lora_request else 0,
                           lora_name=lora_request.lora_name if lora_request else None)
             req.times.arrival = arrival
+            req.scores_prompt = i == 0 and params.prompt_logprobs is not None and len(ids) > 1
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator(device=self.runner.device).manual_seed(_torch_seed(params.seed + i))
@@ -197,6 +206,8 @@ class LLMEngine:
         num_tokens = sum(len(s.token_ids) for s in sched.scheduled)
         self._iteration_tokens.append(num_tokens)
         logits, sample_ids = self.runner.execute(sched)
+        if sched.scores_prompts:
+            logits = self._score_prompts(logits, sched)
         seqs = [self.sequences[rid] for rid in sample_ids]
         sampled, runs = self._sample(logits, sched, sample_ids, seqs)
         if self.speculator is not None:
@@ -250,10 +261,57 @@ class LLMEngine:
             done = group.finished_children == len(group.children)
             outputs.append(RequestOutput(parent_id, group.prompt_token_ids, deltas, finished=done,
                                          num_cached_tokens=self._cached_tokens(group), prompt=group.prompt,
-                                         metrics=self._group_metrics(group) if done else None))
+                                         metrics=self._group_metrics(group) if done else None,
+                                         prompt_logprobs=self._take_prompt_logprobs(group)))
             if done:
                 self._drop_group(group)
         return outputs
+
+    def _score_prompts(self, logits: torch.Tensor, sched) -> torch.Tensor:
+        """Take the prompt-scoring rows out of a step's logits (the runner's layout: request by
+        request, its prompt rows, then its sampling rows) into their groups' prompt logprobs;
+        returns the sampling rows. Raw logprobs (before temperature, penalties or bias), as vLLM's."""
+        keep: list[int] = []
+        row = 0
+        for s in sched.scheduled:
+            if s.prompt_logits:
+                self._record_prompt_logprobs(s, logits[row:row + s.prompt_logits])
+                row += s.prompt_logits
+            if s.samples:
+                keep.extend(range(row, row + 1 + s.num_spec_tokens))
+                row += 1 + s.num_spec_tokens
+        return logits[keep]
+
+    def _record_prompt_logprobs(self, s, rows: torch.Tensor) -> None:
+        seq = self.sequences[s.request_id]
+        group, req = self.groups[seq.parent_id], seq.request
+        scored = group.prompt_logprobs
+        k = group.params.prompt_logprobs
+        targets = req.prompt_token_ids[s.start_position + 1:s.start_position + 1 + len(rows)]
+        # Slices bound the float32 copy log_softmax makes (a chunk of a large vocabulary is big).
+        for first in range(0, len(rows), _PROMPT_SCORE_ROWS):
+            part = rows[first:first + _PROMPT_SCORE_ROWS].log_softmax(dim=-1)
+            ids = targets[first:first + _PROMPT_SCORE_ROWS]
+            chosen = part.gather(1, torch.tensor(ids, device=part.device).unsqueeze(1)).squeeze(1).tolist()
+            tops: list[list[tuple[int, float]]] = [[] for _ in ids]
+            if k:
+                values, top_ids = part.topk(k, dim=-1)
+                tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), values.tolist())]
+            for j, (token, logprob, top) in enumerate(zip(ids, chosen, tops)):
+                # Position p's entry is index p; a chunk run again after a preemption adds nothing.
+                if s.start_position + 1 + first + j == len(scored):
+                    scored.append(TokenLogprob(token, logprob, top))
+        if len(scored) == req.num_prompt_tokens:
+            req.scores_prompt = False  # all there: a preempted run may read the prefix cache again
+
+    @staticmethod
+    def _take_prompt_logprobs(group: _Group) -> list[TokenLogprob | None] | None:
+        """A group's prompt logprobs, once, when all of them are there (with its first token)."""
+        if group.prompt_logprobs_sent or group.prompt_logprobs is None \
+                or len(group.prompt_logprobs) < len(group.prompt_token_ids):
+            return None
+        group.prompt_logprobs_sent = True
+        return group.prompt_logprobs
 
     def _sample(self, logits, sched, sample_ids: list[str],
                 seqs: list[_Sequence]) -> tuple[list[SampledToken], dict[str, list[SampledToken]]]:

@@ -65,6 +65,8 @@ def _accumulate(total: RequestOutput, delta: RequestOutput) -> None:
     total.num_cached_tokens = delta.num_cached_tokens
     total.finished = delta.finished
     total.error = delta.error or total.error
+    total.prompt_logprobs = delta.prompt_logprobs or total.prompt_logprobs
+    total.metrics = delta.metrics or total.metrics
     for d in delta.outputs:
         c = total.outputs[d.index]
         c.text += d.text

@@ -89,3 +89,6 @@ class RequestOutput:
     error_kind: ErrorKind | None = None  # set with `error`
     error_param: str | None = None  # the field at fault, for ErrorKind.INVALID
     metrics: RequestMetrics | None = None  # set on the final output only
+    # With prompt_logprobs: per prompt token its logprob given those before (None for the first),
+    # on one output only (the first after the prompt has run), as vLLM's RequestOutput has them.
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -60,6 +60,9 @@ class Request:
     # of the request's tokens until accepted, and cleared after every step.
     spec_token_ids: list[int] = field(default_factory=list)
     times: RequestTimes = field(default_factory=RequestTimes)
+    # Its prompt's logprobs are still to be computed (prompt_logprobs, one child of a group): the
+    # scheduler asks the runner for the logits of its prompt rows, and it reads no prefix-cache hits.
+    scores_prompt: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -33,6 +33,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k: sampled token plus the top k
+    # None: off; k: each prompt token's logprob given the tokens before it, plus the top k there
+    # (vLLM's prompt_logprobs; what `echo` with `logprobs` reports). The request then reads no
+    # prefix-cache hits: a cached position's logits are never computed.
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     cache_salt: str | None = None
@@ -78,6 +82,8 @@ class SamplingParams:
             raise invalid("stop_token_ids", f"must be a list of at most {MAX_STOP} non-negative integers")
         if self.logprobs is not None:
             _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int_in("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise invalid("logit_bias", f"must be a map of at most {MAX_LOGIT_BIAS} token ids to biases")
         for token, bias in self.logit_bias.items():

@@ -28,6 +28,9 @@ class ScheduledRequest:
     # for each of the last 1 + num_spec_tokens rows.
     num_spec_tokens: int = 0
     lora_int_id: int = 0  # the LoRA adapter its rows run with (0: the base model)
+    # Prompt logprobs: the runner also returns the logits of the first prompt_logits rows, row i
+    # scoring prompt token start_position + i + 1 (before the request's sampling rows, if any).
+    prompt_logits: int = 0
 
 
 @dataclass(slots=True)
@@ -47,6 +50,10 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def scores_prompts(self) -> bool:
+        return any(s.prompt_logits for s in self.scheduled)
 
 
 class Scheduler:
@@ -153,6 +160,8 @@ class Scheduler:
     @staticmethod
     def _emit(out: SchedulerOutput, req: Request, num_new: int, new_blocks: list[list[int]]) -> None:
         start = req.num_computed_tokens
+        # Rows up to the prompt's second last token score the next prompt token; the last one samples.
+        prompt_logits = max(0, min(start + num_new, req.num_prompt_tokens - 1) - start) if req.scores_prompt else 0
         out.scheduled.append(ScheduledRequest(
             request_id=req.request_id,
             token_ids=req.token_ids_slice(start, start + num_new) + req.spec_token_ids,
@@ -161,6 +170,7 @@ class Scheduler:
             samples=start + num_new == req.num_tokens,
             num_spec_tokens=len(req.spec_token_ids),
             lora_int_id=req.lora_int_id,
+            prompt_logits=prompt_logits,
         ))
 
     def _preempt(self, req: Request, now: float, out: SchedulerOutput) -> None:

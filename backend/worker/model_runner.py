@@ -352,7 +352,7 @@ class ModelRunner:
 
     def _prepare(self, out: SchedulerOutput):
         sched = out.scheduled
-        if all(len(s.token_ids) == 1 for s in sched):
+        if all(len(s.token_ids) == 1 for s in sched) and not out.scores_prompts:
             return self._prepare_decode(sched)
         return self._prepare_general(sched)
 
@@ -370,12 +370,8 @@ class ModelRunner:
         input_ids = torch.tensor([t for s in sched for t in s.token_ids], dtype=torch.int64, device=dev)
         sample_rows = [i for i, s in enumerate(sched) if s.samples]
         logits_indices = query_start_loc[1:][sample_rows] - 1
-        if any(s.num_spec_tokens for s in sched):
-            # A request verifying k proposals needs the logits of its last 1 + k rows, in order.
-            ends = query_start_loc[1:].tolist()
-            logits_indices = torch.tensor([row for i in sample_rows
-                                           for row in range(ends[i] - 1 - sched[i].num_spec_tokens, ends[i])],
-                                          dtype=torch.int64, device=dev)
+        if any(s.num_spec_tokens or s.prompt_logits for s in sched):
+            logits_indices = torch.tensor(_logit_rows(sched, query_start_loc.tolist()), dtype=torch.int64, device=dev)
         as_decode_rows = self._verifies_as_decode_rows(sched, q_lens)
         if as_decode_rows:  # one query per row, over its own context: see _verifies_as_decode_rows
             seq_lens_t = (positions + 1).to(torch.int32)
@@ -461,7 +457,20 @@ class ModelRunner:
         if self.lora is not None:  # each request's rows run with its adapter (0: none)
             self.lora.prepare([s.lora_int_id for s in out.scheduled], [len(s.token_ids) for s in out.scheduled],
                               self.lora_lookup)
-        if self.graphs is not None and meta.decode_only and self.graphs.can_run(input_ids.shape[0]):
+        if (self.graphs is not None and meta.decode_only and not out.scores_prompts
+                and self.graphs.can_run(input_ids.shape[0])):
             return self.graphs.run(input_ids, positions, meta, logits_indices), sample_ids
         logits = self.model(self.ops, input_ids, positions, self.kv_caches, meta, logits_indices)
         return logits, sample_ids
+
+
+def _logit_rows(sched, query_start_loc: list[int]) -> list[int]:
+    """The rows whose logits a step returns, request by request in order: its prompt-scoring rows
+    (prompt logprobs), then its sampling rows (one; a request verifying k proposals, its last
+    1 + k in order). The engine splits the logits by the same walk."""
+    rows: list[int] = []
+    for s, start, end in zip(sched, query_start_loc, query_start_loc[1:]):
+        rows.extend(range(start, start + s.prompt_logits))
+        if s.samples:
+            rows.extend(range(end - 1 - s.num_spec_tokens, end))
+    return rows
