@@ -23,10 +23,15 @@ CACHED_TOKENS = "cached_tokens"              # INT32 [1]: prompt tokens found in
 # Logprobs, only when asked for: one row per new token, k = the request's `logprobs`.
 LOGPROB_IDS = "logprob_ids"                  # INT32 [tokens, 1 + k]: the sampled token, then the top k
 LOGPROB_VALUES = "logprob_values"            # FP32  [tokens, 1 + k]: their logprobs
+# Prompt logprobs (`prompt_logprobs` = k), once, on the request's first response after its prompt
+# ran: one row per prompt token, the token then the top k there given the tokens before it.
+# Row 0 has no logprob (NaN, and top ids -1): nothing comes before the first token.
+PROMPT_LOGPROB_IDS = "prompt_logprob_ids"    # INT32 [prompt tokens, 1 + k]
+PROMPT_LOGPROB_VALUES = "prompt_logprob_values"  # FP32 [prompt tokens, 1 + k]
 
 INPUTS = (TEXT_INPUT, INPUT_IDS, SAMPLING_PARAMETERS, STREAM)
 OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON, INDEX, PROMPT_TOKENS, COMPLETION_TOKENS, CACHED_TOKENS,
-           LOGPROB_IDS, LOGPROB_VALUES)
+           LOGPROB_IDS, LOGPROB_VALUES, PROMPT_LOGPROB_IDS, PROMPT_LOGPROB_VALUES)
 
 # ---- request parameters (ModelInferRequest.parameters) -----------------------------------------
 TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway's client span
@@ -54,5 +59,5 @@ LORA_ADAPTER_KEYS = ("name", "path", "parent")  # parent: --lora-modules base_mo
 SAMPLING_FIELDS = frozenset({
     "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
-    "ignore_eos", "logprobs", "logit_bias", "skip_special_tokens", "cache_salt", "timeout", "structured_outputs",
+    "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "skip_special_tokens", "cache_salt", "timeout", "structured_outputs",
 })

@@ -138,7 +138,8 @@ class LLMEngine:
                           lora_int_id=lora_request.lora_int_id if lora_request else 0,
                           lora_name=lora_request.lora_name if lora_request else None)
             req.times.arrival = arrival
-            req.scores_prompt = i == 0 and params.prompt_logprobs is not None and len(ids) > 1
+            req.no_prefix_reads = params.prompt_logprobs is not None and len(ids) > 1
+            req.scores_prompt = req.no_prefix_reads and i == 0
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator(device=self.runner.device).manual_seed(_torch_seed(params.seed + i))
@@ -302,7 +303,9 @@ class LLMEngine:
                 if s.start_position + 1 + first + j == len(scored):
                     scored.append(TokenLogprob(token, logprob, top))
         if len(scored) == req.num_prompt_tokens:
-            req.scores_prompt = False  # all there: a preempted run may read the prefix cache again
+            req.scores_prompt = False
+            for child_id in group.children:  # all there: a preempted child may read the prefix cache again
+                self.sequences[child_id].request.no_prefix_reads = False
 
     @staticmethod
     def _take_prompt_logprobs(group: _Group) -> list[TokenLogprob | None] | None:

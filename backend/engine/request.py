@@ -61,8 +61,11 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     times: RequestTimes = field(default_factory=RequestTimes)
     # Its prompt's logprobs are still to be computed (prompt_logprobs, one child of a group): the
-    # scheduler asks the runner for the logits of its prompt rows, and it reads no prefix-cache hits.
+    # scheduler asks the runner for the logits of its prompt rows.
     scores_prompt: bool = False
+    # Reads no prefix-cache hits: its group's prompt logprobs are still to be computed. Every child
+    # of the group, so none gets its first token before the one that scores the prompt.
+    no_prefix_reads: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -83,10 +83,10 @@ class KVCacheManager:
 
     def get_computed_blocks(self, req: Request) -> tuple[list[list[KVBlock]], int]:
         """Longest cached prefix of req in whole blocks, per group; never the whole prompt (the
-        last token must run through the model to produce logits). None for a request that scores
-        its prompt: every prompt position's logits must be computed."""
+        last token must run through the model to produce logits). None for a request whose group
+        scores its prompt (prompt logprobs): every prompt position's logits must be computed."""
         hits: list[list[KVBlock]] = [[] for _ in self.groups]
-        if req.cache_key is None or req.scores_prompt:
+        if req.cache_key is None or req.no_prefix_reads:
             return hits, 0
         state = self._state(req)
         tokens = req.all_token_ids

@@ -138,6 +138,14 @@ def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.
     return ids, values
 
 
+def prompt_logprob_tensors(pb_utils, prompt_token_ids: list[int], entries: list[TokenLogprob | None],
+                           k: int) -> list:
+    """PROMPT_LOGPROB_IDS / _VALUES: row 0, the first prompt token, has no logprob (NaN)."""
+    first = TokenLogprob(prompt_token_ids[0], float("nan"))
+    ids, values = logprob_arrays([first, *entries[1:]], k)
+    return [pb_utils.Tensor(T.PROMPT_LOGPROB_IDS, ids), pb_utils.Tensor(T.PROMPT_LOGPROB_VALUES, values)]
+
+
 def choice_tensors(pb_utils, choice: CompletionOutput, totals: ChoiceTotals, prompt_tokens: int,
                    cached_tokens: int, logprobs: int | None) -> list:
     """The output tensors of one response for one choice (text/ids/logprobs are this response's delta)."""

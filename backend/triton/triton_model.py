@@ -28,7 +28,7 @@ from kvserve.backend.models import DEFAULT_CHAT_MODEL, resolve_model_arg
 from kvserve.backend.triton.lora_adapters import (LoRAAdapters, listing_text, lora_control_text,
                                                   lora_settings_from_triton)
 from kvserve.backend.triton.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
-                                                  parse_request, text_tensors)
+                                                  parse_request, prompt_logprob_tensors, text_tensors)
 from kvserve.backend.triton.telemetry import EngineTelemetry, RequestLog
 from kvserve.observability.thread_names import name_this_thread
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
@@ -52,6 +52,9 @@ class _Live:
     sender: object
     stream: bool
     logprobs: int | None  # the request's k (None: no logprobs)
+    prompt_logprobs: int | None = None  # the request's prompt_logprobs k
+    # The engine's prompt logprobs until a response carries them (a whole response waits for its end).
+    pending_prompt: list | None = None
     totals: dict[int, ChoiceTotals] = field(default_factory=dict)
     log: RequestLog | None = None  # its request-scoped log lines
     held: dict[int, CompletionOutput] = field(default_factory=dict)  # streamed tokens waiting for stream_interval
@@ -145,7 +148,7 @@ class TritonLLMModel:
                 self._send_error(sender, _wire_error(exc))
                 continue
             rid = f"{request.request_id() or 'req'}-{next(self._ids)}"
-            live = _Live(rid, sender, parsed.stream, parsed.params.logprobs,
+            live = _Live(rid, sender, parsed.stream, parsed.params.logprobs, parsed.params.prompt_logprobs,
                          log=RequestLog.for_request(request, rid, parsed.traceparent))
             self._outputs.put((live, None))
             try:
@@ -255,6 +258,8 @@ class TritonLLMModel:
                 self._send_error(live.sender, WireError(out.error_kind or ErrorKind.INTERNAL, out.error,
                                                         out.error_param))
                 return
+            if out.prompt_logprobs is not None:
+                live.pending_prompt = out.prompt_logprobs
             responses = []
             for choice in self._due_choices(live, out):
                 totals = live.totals[choice.index]  # _due_choices counted its tokens there
@@ -268,6 +273,10 @@ class TritonLLMModel:
                     choice.logprobs = totals.logprobs
                 tensors = choice_tensors(self.pb, choice, totals, len(out.prompt_token_ids),
                                          out.num_cached_tokens, live.logprobs)
+                if live.pending_prompt is not None:  # before any choice's first token reaches the client
+                    tensors += prompt_logprob_tensors(self.pb, out.prompt_token_ids, live.pending_prompt,
+                                                      live.prompt_logprobs or 0)
+                    live.pending_prompt = None
                 responses.append(self.pb.InferenceResponse(output_tensors=tensors))
             final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.finished else 0
             if live.request_id not in self._live:

@@ -141,7 +141,11 @@ def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
         cached_tokens=result.first_int(T.CACHED_TOKENS),
     )
     if result.has(T.LOGPROB_IDS):
-        delta.logprobs = result.logprobs()
+        delta.logprobs = result.logprobs(T.LOGPROB_IDS, T.LOGPROB_VALUES)
+    if result.has(T.PROMPT_LOGPROB_IDS):
+        delta.prompt_logprobs = result.logprobs(T.PROMPT_LOGPROB_IDS, T.PROMPT_LOGPROB_VALUES)
+        if delta.prompt_logprobs:  # the first prompt token has none (NaN on the wire)
+            delta.prompt_logprobs[0] = TokenLogprob(delta.prompt_logprobs[0].token_id, None)
     return delta
 
 
@@ -187,10 +191,10 @@ class _ResponseTensors:
     def has(self, name: str) -> bool:
         return name in self._raw or name in self._typed
 
-    def logprobs(self) -> list[TokenLogprob]:
-        """[tokens, 1 + k] ids and logprobs -> one entry per token: the sampled one, then its top k."""
-        shape = next((list(out.shape) for out in self._outputs if out.name == T.LOGPROB_IDS), [])
-        ids, values = self.ints(T.LOGPROB_IDS), self.values(T.LOGPROB_VALUES)
+    def logprobs(self, ids_name: str, values_name: str) -> list[TokenLogprob]:
+        """[tokens, 1 + k] ids and logprobs -> one entry per token: the token, then its top k."""
+        shape = next((list(out.shape) for out in self._outputs if out.name == ids_name), [])
+        ids, values = self.ints(ids_name), self.values(values_name)
         width = shape[1] if len(shape) == 2 else 1
         if width < 1 or len(ids) != len(values) or len(ids) % width:
             raise BackendFailed("backend logprobs tensors disagree in shape")

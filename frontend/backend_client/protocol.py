@@ -32,7 +32,7 @@ class TokenLogprob:
     Numbers only: the gateway renders the token strings with its tokenizer."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None: a prompt's first token (nothing before it to score it by)
     top_logprobs: list[TopLogprob] = field(default_factory=list)
 
 
@@ -56,6 +56,9 @@ class ChoiceDelta:
     completion_tokens: int = 0  # cumulative for this choice
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one entry per new token when requested
+    # prompt_logprobs: one entry per prompt token (the first's logprob None), on one delta of the
+    # request, before or with any choice's first token
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -157,11 +157,11 @@ def parse_completion(body: dict[str, Any], vocab_size: int | None) -> Completion
         raise bad_request(f"prompts x n must not exceed {MAX_CHOICES}", param="n")
     logprobs = F.opt_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = bool(F.opt_bool(body, "echo"))
-    if echo and logprobs is not None:
-        raise not_supported("echo", "'echo' together with 'logprobs' (prompt logprobs)")
     req = CompletionRequest(**common, prompts=prompts, echo=echo, logprobs=logprobs)
     if logprobs is not None:
         req.sampling["logprobs"] = logprobs
+        if echo:  # the echoed prompt's tokens get logprobs too, as OpenAI's (and vLLM's) do
+            req.sampling["prompt_logprobs"] = logprobs
     return req
 
 

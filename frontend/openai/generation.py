@@ -22,7 +22,7 @@ from kvserve.frontend.backend_client import (BackendError, BackendFailed, Backen
                                              GenerateRequest, annotate_request, annotate_response)
 from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
-from kvserve.frontend.openai.logprobs_format import TextOffsets
+from kvserve.frontend.openai.logprobs_format import TextOffsets, completion_logprobs, merge_completion_logprobs
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,
@@ -162,6 +162,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
         async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
+                _echo_logprobs(gateway, call, choices, prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
                             token_text=gateway.token_text, token_bytes=gateway.token_bytes)
     except BackendError as exc:
@@ -171,6 +172,17 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
             _read_tool_calls(call, state)
     annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
     return choices, usage
+
+
+def _echo_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
+                   delta: ChoiceDelta) -> None:
+    """completions' echo with logprobs: the prompt's logprobs (one delta of the prompt carries them,
+    before any of its choices' tokens) head the logprobs of each of that prompt's choices."""
+    if delta.prompt_logprobs is None or call.echo_texts is None or not call.logprobs:
+        return
+    part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
+    for state in choices[prompt_index * call.n:(prompt_index + 1) * call.n]:
+        state.prompt_lp = part
 
 
 def _parser(call: Call) -> HermesToolParser:
@@ -209,6 +221,7 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
             try:
                 async for prompt_index, delta in fan:
                     usage.observe(prompt_index, delta)
+                    _echo_logprobs(gateway, call, choices, prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
                     logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text,
                                                  token_bytes=gateway.token_bytes)
@@ -255,6 +268,9 @@ class ChunkShaper:
     def __init__(self, call: Call) -> None:
         self.call = call
         self.chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
+        # completions' echo with logprobs: choices whose echo waits for the prompt's logprobs,
+        # which come with the first delta (the echo then heads that delta's chunk, as vLLM's does)
+        self.echo_due: set[int] = set()
 
     async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None:
         for state in choices:  # the opening chunk of each choice
@@ -263,10 +279,17 @@ class ChunkShaper:
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
                 state.text_offsets = TextOffsets(len(text))
-                await writer.send(self.chunks.completion(state.index, text, None, None))
+                if self.call.logprobs:
+                    self.echo_due.add(state.index)
+                else:
+                    await writer.send(self.chunks.completion(state.index, text, None, None))
 
     async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
                     finish_reason: str | None, events: list[Event] | None) -> None:
+        if state.index in self.echo_due:
+            self.echo_due.discard(state.index)
+            text = self.call.echo_texts[state.index // self.call.n] + text
+            logprobs = merge_completion_logprobs([part for part in (state.prompt_lp, logprobs) if part])
         if events is not None:
             await self._tool_deltas(writer, state, events, logprobs, finish_reason)
             return

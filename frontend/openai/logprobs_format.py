@@ -39,14 +39,20 @@ class TextOffsets:
 def completion_logprobs(entries: list[TokenLogprob], offsets: TextOffsets, token_text: TokenText,
                         token_bytes: TokenBytes) -> dict[str, Any]:
     """`offsets` continues the choice's count (streamed chunks go on from the chunks before them)."""
-    tokens, token_logprobs, tops, text_offsets = [], [], [], []
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    text_offsets: list[int] = []
     for e in entries:
         token = token_text(e.token_id)
         tokens.append(token)
         token_logprobs.append(e.logprob)
-        top = {token_text(t.token_id): t.logprob for t in e.top_logprobs}
-        top.setdefault(token, e.logprob)  # as vLLM: the sampled token is always listed
-        tops.append(top)
+        if e.logprob is None:  # an echoed prompt's first token: null, as OpenAI lists it
+            tops.append(None)
+        else:
+            top = {token_text(t.token_id): t.logprob for t in e.top_logprobs}
+            top.setdefault(token, e.logprob)  # as vLLM: the sampled token is always listed
+            tops.append(top)
         text_offsets.append(offsets.advance(token_bytes(e.token_id)))
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": text_offsets}
 

@@ -27,6 +27,7 @@ class ChoiceState:
     completion_tokens: int = 0
     token_count: int = 0
     completion_lp: list[dict[str, Any]] = field(default_factory=list)
+    prompt_lp: dict[str, Any] | None = None  # completions' echo with logprobs: the echoed prompt's part
     chat_lp: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] | None = None  # chat with tools: what the parser read out of `text`
 
@@ -82,7 +83,8 @@ def completion_body(rid: str, created: int, model: str, choices: list[ChoiceStat
             {
                 "index": c.index,
                 "text": "".join(c.text),
-                "logprobs": merge_completion_logprobs(c.completion_lp) if logprobs else None,
+                "logprobs": merge_completion_logprobs(
+                    ([c.prompt_lp] if c.prompt_lp else []) + c.completion_lp) if logprobs else None,
                 "finish_reason": c.finish_reason,
             }
             for c in choices

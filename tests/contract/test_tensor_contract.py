@@ -56,6 +56,8 @@ def test_config_declares_the_seam_tensors() -> None:
 def test_the_backend_writes_every_declared_output_with_its_type() -> None:
     choice = CompletionOutput(0, "hi", [5, 6], "stop", logprobs=[TokenLogprob(5, -0.5, [(7, -1.0)])])
     written = backend_codec.choice_tensors(_fake_pb_utils(), choice, backend_codec.ChoiceTotals(2), 3, 0, logprobs=1)
+    written += backend_codec.prompt_logprob_tensors(_fake_pb_utils(), [3, 4], [None, TokenLogprob(4, -2.0, [(9, -1.5)])],
+                                                    1)
     declared = _declared("output")
     assert sorted(t.name for t in written) == sorted(declared)
     for tensor in written:
@@ -93,7 +95,8 @@ def test_the_gateway_reads_exactly_the_declared_outputs(monkeypatch) -> None:
     resp = service_pb2.ModelInferResponse(model_name="llm", id="r")
     for name, wire in _declared("output").items():
         out = resp.outputs.add(name=name, datatype={v: k for k, v in _WIRE_TO_TRITON.items()}[wire])
-        out.shape.extend([0, 1] if name in (T.LOGPROB_IDS, T.LOGPROB_VALUES) else [0])
+        out.shape.extend([0, 1] if name in (T.LOGPROB_IDS, T.LOGPROB_VALUES, T.PROMPT_LOGPROB_IDS,
+                                            T.PROMPT_LOGPROB_VALUES) else [0])
         resp.raw_output_contents.append(b"")
     gateway_codec.parse_response(resp)
     assert set(asked) == set(_declared("output"))

@@ -3,6 +3,9 @@ cache), and the official openai client gets real text from it: the answers, stop
 really produces, seeded sampling, long streamed answers and multi-byte characters."""
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 
 from tests.serve_process import kvserve_serve
@@ -20,6 +23,14 @@ def client(real_model_path: str):
     with kvserve_serve(["--port", "0", "--max-num-seqs", "16", "--log-format", "console"], timeout_s=300) as (_, line):
         assert f"model={MODEL}" in line, line
         yield openai.OpenAI(base_url=f"{line.split()[3]}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _tokenize(client, text: str) -> list[int]:
+    root = str(client.base_url).removesuffix("/").removesuffix("/v1")
+    req = urllib.request.Request(f"{root}/tokenize", data=json.dumps({"model": MODEL, "prompt": text}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["tokens"]
 
 
 def _chat(client, messages, **kw):
@@ -69,3 +80,33 @@ def test_multi_byte_output_has_no_replacement_characters(client) -> None:
     streamed = "".join(c.choices[0].delta.content or "" for c in
                        _chat(client, messages, temperature=0, max_tokens=48, stream=True) if c.choices)
     assert streamed == whole
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_model_scored_its_own_tokens(client) -> None:
+    """What an evaluation harness (lm-eval's loglikelihood) does: send context + continuation with
+    echo, logprobs and one new token, and read the continuation's logprobs from the echoed prompt.
+    Each must be the logprob the model gave that token when it generated it."""
+    prompt = "The capital of France is"
+    made = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                     extra_body={"ignore_eos": True}).choices[0]
+    ids, generated = _tokenize(client, prompt), _tokenize(client, prompt + made.text)
+    scored = client.completions.create(model=MODEL, prompt=generated, max_tokens=1, temperature=0, logprobs=2,
+                                       echo=True).choices[0]
+    lp = scored.logprobs
+    assert len(lp.tokens) == len(generated) + 1 == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert scored.text.startswith(prompt + made.text)
+    assert "".join(lp.tokens[:len(generated)]) == prompt + made.text
+    assert generated[:len(ids)] == ids  # the text tokenizes back into the tokens the model made
+    assert lp.token_logprobs[len(ids):len(generated)] == pytest.approx(
+        made.logprobs.token_logprobs[:len(generated) - len(ids)], abs=2e-3)
+    for top, token in zip(lp.top_logprobs[len(ids):len(generated)], lp.tokens[len(ids):]):
+        # greedy made these: each is its place's best, listed with at most one more (logprobs=2 lists 2)
+        assert max(top, key=top.get) == token and len(top) == 2
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # Streamed, the echo heads the first chunk with the prompt's logprobs, and the whole agrees.
+    chunks = list(client.completions.create(model=MODEL, prompt=generated, max_tokens=1, temperature=0,
+                                            logprobs=2, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == scored.text
+    streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)

@@ -58,7 +58,9 @@ def test_sampling_holds_only_what_was_set_plus_n() -> None:
 
 def test_cross_field_rules() -> None:
     assert bad(parse_completion, {"prompt": "x", "min_tokens": 5, "max_tokens": 2}).param == "min_tokens"
-    assert bad(parse_completion, {"prompt": "x", "echo": True, "logprobs": 1}).param == "echo"
+    # echo with logprobs scores the prompt too; echo alone does not
+    assert parse_completion({"prompt": "x", "echo": True, "logprobs": 1}, None).sampling["prompt_logprobs"] == 1
+    assert "prompt_logprobs" not in parse_completion({"prompt": "x", "echo": True}, None).sampling
     assert bad(parse_completion, {"prompt": ["a"] * 100, "n": 16}).param == "n"
     assert bad(parse_chat, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).param == "top_logprobs"
     ok = parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}, None)
