@@ -28,10 +28,12 @@ LOGPROB_VALUES = "logprob_values"            # FP32  [tokens, 1 + k]: their logp
 # Row 0 has no logprob (NaN, and top ids -1): nothing comes before the first token.
 PROMPT_LOGPROB_IDS = "prompt_logprob_ids"    # INT32 [prompt tokens, 1 + k]
 PROMPT_LOGPROB_VALUES = "prompt_logprob_values"  # FP32 [prompt tokens, 1 + k]
+PROMPT_LOGPROB_RANKS = "prompt_logprob_ranks"    # INT32 [prompt tokens]: each token's vocabulary rank (row 0: 0)
 
 INPUTS = (TEXT_INPUT, INPUT_IDS, SAMPLING_PARAMETERS, STREAM)
 OUTPUTS = (TEXT_OUTPUT, OUTPUT_IDS, FINISH_REASON, INDEX, PROMPT_TOKENS, COMPLETION_TOKENS, CACHED_TOKENS,
-           LOGPROB_IDS, LOGPROB_VALUES, PROMPT_LOGPROB_IDS, PROMPT_LOGPROB_VALUES)
+           LOGPROB_IDS, LOGPROB_VALUES, PROMPT_LOGPROB_IDS, PROMPT_LOGPROB_VALUES,
+           PROMPT_LOGPROB_RANKS)
 
 # ---- request parameters (ModelInferRequest.parameters) -----------------------------------------
 TRACEPARENT_PARAM = "traceparent"            # W3C trace context of the gateway's client span

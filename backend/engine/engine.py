@@ -293,15 +293,17 @@ class LLMEngine:
         for first in range(0, len(rows), _PROMPT_SCORE_ROWS):
             part = rows[first:first + _PROMPT_SCORE_ROWS].log_softmax(dim=-1)
             ids = targets[first:first + _PROMPT_SCORE_ROWS]
-            chosen = part.gather(1, torch.tensor(ids, device=part.device).unsqueeze(1)).squeeze(1).tolist()
+            chosen_t = part.gather(1, torch.tensor(ids, device=part.device).unsqueeze(1))
+            ranks = ((part > chosen_t).sum(dim=1) + 1).tolist()
+            chosen = chosen_t.squeeze(1).tolist()
             tops: list[list[tuple[int, float]]] = [[] for _ in ids]
             if k:
                 values, top_ids = part.topk(k, dim=-1)
                 tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), values.tolist())]
-            for j, (token, logprob, top) in enumerate(zip(ids, chosen, tops)):
+            for j, (token, logprob, top, rank) in enumerate(zip(ids, chosen, tops, ranks)):
                 # Position p's entry is index p; a chunk run again after a preemption adds nothing.
                 if s.start_position + 1 + first + j == len(scored):
-                    scored.append(TokenLogprob(token, logprob, top))
+                    scored.append(TokenLogprob(token, logprob, top, rank))
         if len(scored) == req.num_prompt_tokens:
             req.scores_prompt = False
             for child_id in group.children:  # all there: a preempted child may read the prefix cache again

@@ -11,6 +11,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # the token's rank in its vocabulary row (1: the best); prompt logprobs only
 
 
 @dataclass(slots=True)

@@ -141,9 +141,11 @@ def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.
 def prompt_logprob_tensors(pb_utils, prompt_token_ids: list[int], entries: list[TokenLogprob | None],
                            k: int) -> list:
     """PROMPT_LOGPROB_IDS / _VALUES: row 0, the first prompt token, has no logprob (NaN)."""
-    first = TokenLogprob(prompt_token_ids[0], float("nan"))
-    ids, values = logprob_arrays([first, *entries[1:]], k)
-    return [pb_utils.Tensor(T.PROMPT_LOGPROB_IDS, ids), pb_utils.Tensor(T.PROMPT_LOGPROB_VALUES, values)]
+    rows = [TokenLogprob(prompt_token_ids[0], float("nan"), rank=0), *entries[1:]]
+    ids, values = logprob_arrays(rows, k)
+    ranks = np.array([e.rank or 0 for e in rows], dtype=np.int32)
+    return [pb_utils.Tensor(T.PROMPT_LOGPROB_IDS, ids), pb_utils.Tensor(T.PROMPT_LOGPROB_VALUES, values),
+            pb_utils.Tensor(T.PROMPT_LOGPROB_RANKS, ranks)]
 
 
 def choice_tensors(pb_utils, choice: CompletionOutput, totals: ChoiceTotals, prompt_tokens: int,

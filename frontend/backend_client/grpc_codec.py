@@ -143,10 +143,18 @@ def parse_response(resp: service_pb2.ModelInferResponse) -> ChoiceDelta | None:
     if result.has(T.LOGPROB_IDS):
         delta.logprobs = result.logprobs(T.LOGPROB_IDS, T.LOGPROB_VALUES)
     if result.has(T.PROMPT_LOGPROB_IDS):
-        delta.prompt_logprobs = result.logprobs(T.PROMPT_LOGPROB_IDS, T.PROMPT_LOGPROB_VALUES)
-        if delta.prompt_logprobs:  # the first prompt token has none (NaN on the wire)
-            delta.prompt_logprobs[0] = TokenLogprob(delta.prompt_logprobs[0].token_id, None)
+        delta.prompt_logprobs = _prompt_logprobs(result)
     return delta
+
+
+def _prompt_logprobs(result: "_ResponseTensors") -> list[TokenLogprob]:
+    entries = result.logprobs(T.PROMPT_LOGPROB_IDS, T.PROMPT_LOGPROB_VALUES)
+    ranks = result.ints(T.PROMPT_LOGPROB_RANKS)
+    if len(ranks) != len(entries):
+        raise BackendFailed("backend prompt logprobs tensors disagree in shape")
+    # The first prompt token has no logprob (NaN on the wire) and no rank.
+    return [TokenLogprob(e.token_id, None if i == 0 else e.logprob, e.top_logprobs if i else [], rank or None)
+            for i, (e, rank) in enumerate(zip(entries, ranks))]
 
 
 # Raw little-endian layouts of the fixed-size types, and where each type's typed `contents` live.

@@ -34,6 +34,7 @@ class TokenLogprob:
     token_id: int
     logprob: float | None  # None: a prompt's first token (nothing before it to score it by)
     top_logprobs: list[TopLogprob] = field(default_factory=list)
+    rank: int | None = None  # prompt logprobs: the token's vocabulary rank (1: the best)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ class CommonRequest:
     sampling: dict[str, Any]
     user: str | None
     constraint_param: str | None  # the field a structured-output constraint came from
+    prompt_logprobs: int | None  # vLLM's extension: the prompt's logprobs in the response, top k each
 
 
 @dataclass(slots=True)
@@ -76,6 +77,11 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     sampling = _sampling(body, vocab_size, n, chat=chat)
     if constraint is not None:
         sampling[CONSTRAINT_FIELD] = constraint.value
+    prompt_logprobs = F.opt_int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        if stream:  # as vLLM: its responses carry them, its chunks do not
+            raise bad_request("'prompt_logprobs' is not available when 'stream' is true", param="prompt_logprobs")
+        sampling["prompt_logprobs"] = prompt_logprobs
     return {
         "model": model,
         "n": n,
@@ -84,6 +90,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "sampling": sampling,
         "user": F.opt_str(body, "user", max_len=256),
         "constraint_param": constraint.param if constraint is not None else None,
+        "prompt_logprobs": prompt_logprobs,
     }
 
 
@@ -92,7 +99,6 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
 # each is refused when set to anything but its default (None, false, empty).
 _VLLM_UNSUPPORTED = {
     "use_beam_search": "beam search",
-    "prompt_logprobs": "prompt logprobs",
     "allowed_token_ids": "'allowed_token_ids'",
     "bad_words": "'bad_words'",
     "truncate_prompt_tokens": "prompt truncation",
@@ -161,7 +167,7 @@ def parse_completion(body: dict[str, Any], vocab_size: int | None) -> Completion
     if logprobs is not None:
         req.sampling["logprobs"] = logprobs
         if echo:  # the echoed prompt's tokens get logprobs too, as OpenAI's (and vLLM's) do
-            req.sampling["prompt_logprobs"] = logprobs
+            req.sampling.setdefault("prompt_logprobs", logprobs)
     return req
 
 

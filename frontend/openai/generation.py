@@ -22,7 +22,8 @@ from kvserve.frontend.backend_client import (BackendError, BackendFailed, Backen
                                              GenerateRequest, annotate_request, annotate_response)
 from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
-from kvserve.frontend.openai.logprobs_format import TextOffsets, completion_logprobs, merge_completion_logprobs
+from kvserve.frontend.openai.logprobs_format import (TextOffsets, completion_logprobs, merge_completion_logprobs,
+                                                     vllm_prompt_logprobs)
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,
@@ -54,6 +55,7 @@ class Call:
     constraint_param: str | None = None  # where a structured-output constraint came from
     tools: ToolRequest | None = None  # chat with tools: tool calls are parsed out of the text
     input_param: str | None = None  # the field the prompt came from when not messages/prompt ("input")
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs: listed in the (whole) response
 
     @property
     def prompt_param(self) -> str:
@@ -146,7 +148,15 @@ async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list
         return await stream_call(request, gateway, call, subs, ChunkShaper(call))
     choices, usage = await collect(gateway, call, subs)
     build = chat_body if call.chat else completion_body
-    return web.json_response(build(call.rid, call.created, call.model, choices, usage, call.logprobs))
+    body = build(call.rid, call.created, call.model, choices, usage, call.logprobs)
+    if call.prompt_logprobs:  # as vLLM places them: per choice in completions, once for a chat
+        listed = [vllm_prompt_logprobs(c.prompt_entries, gateway.token_text) for c in choices]
+        if call.chat:
+            body["prompt_logprobs"] = listed[0]
+        else:
+            for choice, entries in zip(body["choices"], listed):
+                choice["prompt_logprobs"] = entries
+    return web.json_response(body)
 
 
 async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> tuple[list[ChoiceState], Usage]:
@@ -162,7 +172,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
         async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
-                _echo_logprobs(gateway, call, choices, prompt_index, delta)
+                _prompt_logprobs(gateway, call, choices, prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
                             token_text=gateway.token_text, token_bytes=gateway.token_bytes)
     except BackendError as exc:
@@ -174,15 +184,18 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
     return choices, usage
 
 
-def _echo_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
-                   delta: ChoiceDelta) -> None:
-    """completions' echo with logprobs: the prompt's logprobs (one delta of the prompt carries them,
-    before any of its choices' tokens) head the logprobs of each of that prompt's choices."""
-    if delta.prompt_logprobs is None or call.echo_texts is None or not call.logprobs:
+def _prompt_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
+                     delta: ChoiceDelta) -> None:
+    """A prompt's logprobs (one delta of the prompt carries them, before any of its choices'
+    tokens) go to each of that prompt's choices; with completions' echo and logprobs they head
+    the choice's logprobs."""
+    if delta.prompt_logprobs is None:
         return
-    part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
+    part = None
+    if call.echo_texts is not None and call.logprobs:
+        part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
     for state in choices[prompt_index * call.n:(prompt_index + 1) * call.n]:
-        state.prompt_lp = part
+        state.prompt_entries, state.prompt_lp = delta.prompt_logprobs, part
 
 
 def _parser(call: Call) -> HermesToolParser:
@@ -221,7 +234,7 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
             try:
                 async for prompt_index, delta in fan:
                     usage.observe(prompt_index, delta)
-                    _echo_logprobs(gateway, call, choices, prompt_index, delta)
+                    _prompt_logprobs(gateway, call, choices, prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
                     logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text,
                                                  token_bytes=gateway.token_bytes)

@@ -86,7 +86,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     await gateway.ensure_ready()
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
-                include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param)
+                include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param,
+                prompt_logprobs=req.prompt_logprobs is not None)
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 
@@ -134,6 +135,6 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     model, ids = await prepare_chat(gateway, req)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
-                constraint_param=req.constraint_param, tools=req.tools)
+                constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None)
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

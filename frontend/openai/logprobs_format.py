@@ -79,3 +79,21 @@ def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText, token_byte
         }
         for e in entries
     ]
+
+
+def vllm_prompt_logprobs(entries: list[TokenLogprob] | None, token_text: TokenText) -> list[Any] | None:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, else {token id: {logprob,
+    rank, decoded_token}} holding the token itself, then the top k at its place (ranks 1..k)."""
+    if entries is None:
+        return None
+    listed: list[Any] = []
+    for e in entries:
+        if e.logprob is None:
+            listed.append(None)
+            continue
+        place = {str(e.token_id): {"logprob": e.logprob, "rank": e.rank, "decoded_token": token_text(e.token_id)}}
+        for rank, t in enumerate(e.top_logprobs, start=1):
+            place.setdefault(str(t.token_id), {"logprob": t.logprob, "rank": rank,
+                                               "decoded_token": token_text(t.token_id)})
+        listed.append(place)
+    return listed

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.frontend.backend_client import ChoiceDelta
+from kvserve.frontend.backend_client import ChoiceDelta, TokenLogprob
 from kvserve.frontend.openai.logprobs_format import (TextOffsets, TokenBytes, TokenText, chat_logprobs,
                                                      completion_logprobs, merge_completion_logprobs)
 
@@ -28,6 +28,7 @@ class ChoiceState:
     token_count: int = 0
     completion_lp: list[dict[str, Any]] = field(default_factory=list)
     prompt_lp: dict[str, Any] | None = None  # completions' echo with logprobs: the echoed prompt's part
+    prompt_entries: list[TokenLogprob] | None = None  # its prompt's logprobs, when they were asked for
     chat_lp: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] | None = None  # chat with tools: what the parser read out of `text`
 

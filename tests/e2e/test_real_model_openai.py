@@ -25,9 +25,10 @@ def client(real_model_path: str):
         yield openai.OpenAI(base_url=f"{line.split()[3]}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _tokenize(client, text: str) -> list[int]:
+def _tokenize(client, text: str | None = None, messages: list | None = None) -> list[int]:
     root = str(client.base_url).removesuffix("/").removesuffix("/v1")
-    req = urllib.request.Request(f"{root}/tokenize", data=json.dumps({"model": MODEL, "prompt": text}).encode(),
+    body = {"model": MODEL, "prompt": text} if messages is None else {"model": MODEL, "messages": messages}
+    req = urllib.request.Request(f"{root}/tokenize", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())["tokens"]
@@ -110,3 +111,33 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_model_scored_its_own_tokens
     assert "".join(c.choices[0].text for c in chunks) == scored.text
     streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
     assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+
+
+def test_prompt_logprobs_as_vllm_lists_them(client) -> None:
+    """vLLM's extension: per prompt token, null first, then {id: {logprob, rank, decoded_token}}
+    holding the token and the top k; the same numbers echo gives."""
+    prompt = "The capital of France is"
+    ids = _tokenize(client, prompt)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+                                    extra_body={"prompt_logprobs": 2})
+    listed = out.choices[0].model_extra["prompt_logprobs"]
+    assert len(listed) == len(ids) and listed[0] is None
+    echo = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=2,
+                                     echo=True).choices[0].logprobs
+    for place, token, echoed in zip(listed[1:], ids[1:], echo.token_logprobs[1:]):
+        own = place[str(token)]
+        assert own["logprob"] == pytest.approx(echoed, abs=1e-4) and own["rank"] >= 1
+        assert sorted(v["rank"] for v in place.values()) == ([1, 2] if own["rank"] <= 2 else [1, 2, own["rank"]])
+        best = min(place.values(), key=lambda v: v["rank"])
+        assert best["logprob"] == max(v["logprob"] for v in place.values())
+    rest = "".join(place[str(t)]["decoded_token"] for place, t in zip(listed[1:], ids[1:]))
+    assert rest and prompt.endswith(rest)  # every token after the first, as text
+    chat = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=1,
+                                          extra_body={"prompt_logprobs": 0})
+    listed = chat.model_extra["prompt_logprobs"]
+    assert len(listed) == len(_tokenize(client, messages=FRANCE)) and listed[0] is None
+    assert all(len(place) == 1 and next(iter(place.values()))["rank"] >= 1 for place in listed[1:])
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=1, stream=True,
+                                       extra_body={"prompt_logprobs": 1})
+    assert info.value.body["param"] == "prompt_logprobs"

@@ -100,7 +100,7 @@ def test_unsupported_chat_features() -> None:
 
 @pytest.mark.parametrize("field, value", [
     ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
-    ("use_beam_search", True), ("prompt_logprobs", 1),
+    ("use_beam_search", True),
     ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("truncate_prompt_tokens", 8)])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.
@@ -111,8 +111,17 @@ def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value)
         assert parse({**body, field: None}, None)  # the default value is accepted
 
 
-def test_a_zero_is_a_setting_not_the_default() -> None:
-    assert bad(parse_completion, {"prompt": "x", "prompt_logprobs": 0}).param == "prompt_logprobs"
+def test_prompt_logprobs_as_vllm_takes_them() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    for parse, body in ((parse_completion, {"prompt": "x"}), (parse_chat, {"messages": msgs})):
+        req = parse({**body, "prompt_logprobs": 0}, None)  # 0 is a setting: the prompt's own logprobs
+        assert req.prompt_logprobs == 0 and req.sampling["prompt_logprobs"] == 0
+        assert bad(parse, {**body, "prompt_logprobs": 2, "stream": True}).param == "prompt_logprobs"
+        assert bad(parse, {**body, "prompt_logprobs": -1}).param == "prompt_logprobs"
+        assert bad(parse, {**body, "prompt_logprobs": "3"}).param == "prompt_logprobs"
+    # with echo and logprobs too, the explicit setting wins
+    assert parse_completion({"prompt": "x", "echo": True, "logprobs": 1, "prompt_logprobs": 4},
+                            None).sampling["prompt_logprobs"] == 4
 
 
 def test_chat_only_extensions_are_refused_in_chat() -> None:
