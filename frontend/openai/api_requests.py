@@ -40,6 +40,7 @@ class CommonRequest:
 class CompletionRequest(CommonRequest):
     prompts: list[str | list[int]] = field(default_factory=list)
     echo: bool = False
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone comes back (scored, with logprobs)
     logprobs: int | None = None
 
 
@@ -157,13 +158,17 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
 
 
 def parse_completion(body: dict[str, Any], vocab_size: int | None) -> CompletionRequest:
+    echo = bool(F.opt_bool(body, "echo"))
+    max_tokens = body.get("max_tokens")
+    echo_only = echo and F.is_int(max_tokens) and max_tokens == 0
+    if echo_only:  # as OpenAI's legacy API and vLLM: the engine runs the one step that scores the prompt
+        body = {**body, "max_tokens": 1}
     common = _common(body, vocab_size, chat=False)
     prompts = _prompts(body.get("prompt"), vocab_size)
     if len(prompts) * common["n"] > MAX_CHOICES:
         raise bad_request(f"prompts x n must not exceed {MAX_CHOICES}", param="n")
     logprobs = F.opt_int(body, "logprobs", 0, MAX_LOGPROBS)
-    echo = bool(F.opt_bool(body, "echo"))
-    req = CompletionRequest(**common, prompts=prompts, echo=echo, logprobs=logprobs)
+    req = CompletionRequest(**common, prompts=prompts, echo=echo, echo_only=echo_only, logprobs=logprobs)
     if logprobs is not None:
         req.sampling["logprobs"] = logprobs
         if echo:  # the echoed prompt's tokens get logprobs too, as OpenAI's (and vLLM's) do

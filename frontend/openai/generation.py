@@ -56,6 +56,7 @@ class Call:
     tools: ToolRequest | None = None  # chat with tools: tool calls are parsed out of the text
     input_param: str | None = None  # the field the prompt came from when not messages/prompt ("input")
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: listed in the (whole) response
+    echo_only: bool = False  # completions' echo with max_tokens 0: the token the engine made is dropped
 
     @property
     def prompt_param(self) -> str:
@@ -172,7 +173,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
         async with _fanout(gateway, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
-                _prompt_logprobs(gateway, call, choices, prompt_index, delta)
+                delta = _received(gateway, call, choices, prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
                             token_text=gateway.token_text, token_bytes=gateway.token_bytes)
     except BackendError as exc:
@@ -184,13 +185,23 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
     return choices, usage
 
 
-def _prompt_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
-                     delta: ChoiceDelta) -> None:
-    """A prompt's logprobs (one delta of the prompt carries them, before any of its choices'
-    tokens) go to each of that prompt's choices; with completions' echo and logprobs they head
-    the choice's logprobs."""
-    if delta.prompt_logprobs is None:
-        return
+def _received(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
+              delta: ChoiceDelta) -> ChoiceDelta:
+    """A delta as the choices take it. A prompt's logprobs (one delta of the prompt carries them,
+    before any of its choices' tokens) go to each of that prompt's choices; with completions'
+    echo and logprobs they head the choice's logprobs. With echo alone (max_tokens 0), the
+    generated token is dropped: the choice is its prompt, ended by the length limit."""
+    if delta.prompt_logprobs is not None:
+        _take_prompt_logprobs(gateway, call, choices, prompt_index, delta)
+    if not call.echo_only:
+        return delta
+    finish = "length" if delta.finish_reason in ("stop", "length") else delta.finish_reason
+    return ChoiceDelta(delta.index, finish_reason=finish, prompt_tokens=delta.prompt_tokens,
+                       cached_tokens=delta.cached_tokens)
+
+
+def _take_prompt_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
+                          delta: ChoiceDelta) -> None:
     part = None
     if call.echo_texts is not None and call.logprobs:
         part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
@@ -234,7 +245,7 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
             try:
                 async for prompt_index, delta in fan:
                     usage.observe(prompt_index, delta)
-                    _prompt_logprobs(gateway, call, choices, prompt_index, delta)
+                    delta = _received(gateway, call, choices, prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
                     logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text,
                                                  token_bytes=gateway.token_bytes)

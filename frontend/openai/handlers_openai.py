@@ -87,7 +87,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
                 include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param,
-                prompt_logprobs=req.prompt_logprobs is not None)
+                prompt_logprobs=req.prompt_logprobs is not None, echo_only=req.echo_only)
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 

@@ -111,6 +111,18 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_model_scored_its_own_tokens
     assert "".join(c.choices[0].text for c in chunks) == scored.text
     streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
     assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-4)
+    # max_tokens 0 (the legacy API's way to score a text): the prompt alone, scored, nothing generated.
+    for stream in (False, True):
+        got = client.completions.create(model=MODEL, prompt=generated, max_tokens=0, logprobs=2, echo=True,
+                                        stream=stream, **({"stream_options": {"include_usage": True}} if stream
+                                                          else {}))
+        parts = list(got) if stream else [got]
+        text = "".join(c.choices[0].text for c in parts if c.choices)
+        values = [v for c in parts if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+        assert text == prompt + made.text and values[0] is None
+        assert values[1:] == pytest.approx(lp.token_logprobs[1:len(generated)], abs=1e-4)
+        assert [c.choices[0].finish_reason for c in parts if c.choices][-1] == "length"
+        assert parts[-1].usage.completion_tokens == 0 and parts[-1].usage.prompt_tokens == len(generated)
 
 
 def test_prompt_logprobs_as_vllm_lists_them(client) -> None:
