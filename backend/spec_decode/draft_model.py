@@ -51,6 +51,7 @@ class _Chunk:
     samples: bool
     num_spec_tokens: int = 0
     lora_int_id: int = 0
+    prompt_logits: int = 0  # the draft never scores prompts
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class _Pass:
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
     new_request_ids: list[str] = field(default_factory=list)
+    scores_prompts: bool = False
 
 
 def check_draft(target_tokenizer, target_vocab: int, draft_tokenizer, draft_arch, max_model_len: int) -> None:

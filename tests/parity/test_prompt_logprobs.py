@@ -92,3 +92,18 @@ def test_prompt_logprobs_out_of_range_is_refused():
         SamplingParams(prompt_logprobs=-1)
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=True)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_prompt_logprobs_with_speculative_decoding(llama_dir, prompt, reference, method):
+    """Verification steps and the draft's own passes leave the prompt rows alone."""
+    spec = {"method": method, "num_speculative_tokens": 3}
+    spec.update({"model": llama_dir, "load_policy": "off"} if method == "draft_model" else
+                {"prompt_lookup_min": 1, "prompt_lookup_max": 3, "load_policy": "off"})
+    llm = LLM(model=llama_dir, max_model_len=128, max_num_batched_tokens=16, speculative_config=spec)
+    plain = LLM(model=llama_dir, max_model_len=128)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, prompt_logprobs=TOP)
+    out = llm.generate([prompt, prompt[:20]], params)
+    _check(out[0].prompt_logprobs, prompt, reference)
+    assert [o.outputs[0].token_ids for o in out] == [
+        o.outputs[0].token_ids for o in plain.generate([prompt, prompt[:20]], params)]
