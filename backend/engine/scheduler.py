@@ -63,6 +63,10 @@ class Scheduler:
         self.max_loras = max_loras  # None: no LoRA bound (adapters off)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Prompt tokens a step may score (prompt logprobs): each needs a row of logits over the whole
+        # vocabulary, and the memory planned for the step (the runner's profile) holds one row per
+        # sequence and the sampler's copies of it. A long prompt is scored over several steps.
+        self.max_scored_tokens = max(2 * max_num_seqs, 32)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -93,6 +97,7 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_since_last_step)
         self._finished_since_last_step = []
         budget = self.max_num_batched_tokens
+        scoring = self.max_scored_tokens
         now = time.time()
 
         # 1. Running requests, oldest first; preempt from the newest end when blocks run out.
@@ -100,6 +105,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.scores_prompt:
+                num_new = min(num_new, scoring)
             if num_new <= 0:
                 i += 1
                 continue
@@ -111,6 +118,7 @@ class Scheduler:
                 if new_blocks is not None:
                     self._emit(out, req, num_new, new_blocks)
                     budget -= num_new + num_spec
+                    scoring -= num_new if req.scores_prompt else 0
                     i += 1
                     break
                 if num_spec:  # short of blocks: drop the proposals before preempting anyone
@@ -136,7 +144,9 @@ class Scheduler:
                 continue
             hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             remaining = req.num_tokens - req.num_computed_tokens - num_hit_tokens
-            num_new = min(remaining, budget)
+            num_new = min(remaining, budget, scoring if req.scores_prompt else budget)
+            if num_new <= 0:
+                break  # this step's scoring rows are spent: it starts next step, and so do those behind it
             new_blocks = self.kv.allocate_slots(req, num_new, hits)
             if new_blocks is None:
                 break
@@ -152,6 +162,7 @@ class Scheduler:
             self.running.append(req)
             self._emit(out, req, num_new, new_blocks)
             budget -= num_new
+            scoring -= num_new if req.scores_prompt else 0
             if req.lora_int_id:
                 active.add(req.lora_int_id)
         self.waiting.extendleft(reversed(skipped))

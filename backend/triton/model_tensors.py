@@ -140,7 +140,8 @@ def logprob_arrays(entries: list[TokenLogprob], k: int) -> tuple[np.ndarray, np.
 
 def prompt_logprob_tensors(pb_utils, prompt_token_ids: list[int], entries: list[TokenLogprob | None],
                            k: int) -> list:
-    """PROMPT_LOGPROB_IDS / _VALUES: row 0, the first prompt token, has no logprob (NaN)."""
+    """PROMPT_LOGPROB_IDS / _VALUES / _RANKS: row 0, the first prompt token, has no logprob (NaN)
+    and no rank (0)."""
     rows = [TokenLogprob(prompt_token_ids[0], float("nan"), rank=0), *entries[1:]]
     ids, values = logprob_arrays(rows, k)
     ranks = np.array([e.rank or 0 for e in rows], dtype=np.int32)

@@ -103,3 +103,31 @@ def test_prefix_cache_queries_count_each_prompt_once():
     s.finish_request("a", RequestStatus.FINISHED_STOPPED)
     _run(s, s.schedule())  # now b is admitted
     assert s.kv.prefix_queries == 24 and s.kv.prefix_hits == 0
+
+
+def test_prompt_scoring_is_spread_over_steps_within_the_scoring_budget():
+    """prompt_logprobs: each scored prompt token is a row of logits over the whole vocabulary; a
+    step scores at most max_scored_tokens of them, while other requests take the rest of the budget."""
+    s = _sched(num_blocks=256, max_seqs=8, budget=200)
+    assert s.max_scored_tokens == 32
+    scored = [Request(f"s{i}", list(range(100 * i, 100 * i + 50)), SamplingParams(max_tokens=2, prompt_logprobs=1),
+                      cache_key=None, scores_prompt=True) for i in range(2)]
+    for r in scored:
+        s.add_request(r)
+    s.add_request(_req("plain", 60, start=900))
+    rows = {r.request_id: 0 for r in scored}
+    for _ in range(10):
+        out = s.schedule()
+        assert sum(x.prompt_logits for x in out.scheduled) <= s.max_scored_tokens
+        assert sum(len(x.token_ids) for x in out.scheduled if x.prompt_logits) <= s.max_scored_tokens
+        for x in out.scheduled:
+            if x.request_id in rows:
+                assert x.prompt_logits == max(0, min(x.start_position + len(x.token_ids), 49) - x.start_position)
+                rows[x.request_id] += x.prompt_logits
+        if any(x.request_id == "plain" for x in out.scheduled):
+            assert out.num_scheduled_tokens.get("plain") in (60, 1)  # never held back by the scoring budget
+        _run(s, out)
+        for r in scored:
+            if r.num_computed_tokens >= 49:
+                r.scores_prompt = False  # the engine does this once every row is scored
+    assert rows == {"s0": 49, "s1": 49}
