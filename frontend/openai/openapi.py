@@ -78,6 +78,9 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
                     "description": "kvserve extension: seconds; past it the request ends with a timeout error"},
         "include_stop_str_in_output": _bool(),
         "skip_special_tokens": _bool(),
+        "prompt_logprobs": {**_num(0, MAX_LOGPROBS, integer=True),
+                            "description": "vLLM extension: list each prompt token's logprob and the top k; "
+                                           "not with stream"},
     }
 
 
@@ -143,6 +146,10 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
         "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
     }}
     finish = {"type": "string", "nullable": True}
+    # vLLM's: per prompt token, null (the first) or {token id: {logprob, rank, decoded_token}}
+    prompt_logprobs = {"type": "array", "nullable": True, "items": {
+        "type": "object", "nullable": True, "additionalProperties": {"type": "object", "properties": {
+            "logprob": {"type": "number"}, "rank": {"type": "integer"}, "decoded_token": {"type": "string"}}}}}
     return {
         "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
             **_sampling_props(token_id),
@@ -152,8 +159,10 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
                 ids,
                 {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": ids},
             ]},
-            "echo": _bool(),
+            "echo": {**_bool(), "description": "with logprobs, the prompt's tokens are listed too; "
+                                               "with max_tokens 0, the prompt alone comes back"},
             "logprobs": _num(0, MAX_LOGPROBS, integer=True),
+            "max_tokens": {**_num(0, integer=True), "description": "0 only with echo"},
         }},
         "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
             **_sampling_props(token_id),
@@ -168,11 +177,13 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "created": {"type": "integer"}, "model": {"type": "string"}, "usage": usage,
             "choices": {"type": "array", "items": {"type": "object", "required": ["index", "text", "finish_reason"], "properties": {
                 "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": finish,
-                "logprobs": {"type": "object", "nullable": True}}}},
+                "logprobs": {"type": "object", "nullable": True},
+                "prompt_logprobs": prompt_logprobs}}},
         }},
         "ChatCompletion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
             "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
             "created": {"type": "integer"}, "model": {"type": "string"}, "usage": usage,
+            "prompt_logprobs": prompt_logprobs,
             "choices": {"type": "array", "items": {"type": "object", "required": ["index", "message", "finish_reason"], "properties": {
                 "index": {"type": "integer"}, "finish_reason": finish,
                 "message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string", "nullable": True},
