@@ -76,6 +76,7 @@ class HostHandle:
         self._stopped = True
         self._servicer.shutting_down = True
         await self._server.stop(grace)
+        await self.repository.wait_for_model_control()  # a load under way finishes, then is finalized
         await asyncio.to_thread(self.repository.shutdown)
         if self._http is not None:
             await self._http.stop()
@@ -90,11 +91,16 @@ async def start_host(
     host: str = "127.0.0.1",
     strict_readiness: bool = True,
     load_models: frozenset[str] | None = None,
+    explicit_model_control: bool | None = None,
 ) -> HostHandle:
     """Port 0 picks a free port (read it back from the handle); metrics_port=None disables HTTP.
-    load_models: only these models (tritonserver's --model-control-mode=explicit --load-model); None: all."""
+    load_models: only these models (tritonserver's --model-control-mode=explicit --load-model); None: all.
+    explicit_model_control: RepositoryModelLoad/Unload are allowed; None means "when load_models is
+    given" (explicit mode with `--load-model '*'` loads everything and still allows them)."""
+    if explicit_model_control is None:
+        explicit_model_control = load_models is not None
     metrics = HostMetrics()
-    repo = ModelRepository(repository, metrics)
+    repo = ModelRepository(repository, metrics, explicit_control=explicit_model_control)
     repo.scan(load_models)
     await asyncio.to_thread(repo.load_all)
     set_model_ready_hook(repo.model_ready)

@@ -84,6 +84,14 @@ class MetricStore:
             fam.series[key] = s
             return s
 
+    def drop_series(self, fam: Family, labels: dict[str, str]) -> None:
+        """Remove every series of `fam` whose labels include all of `labels` (a model's series when
+        it unloads, whatever other labels, such as a failure reason, they carry)."""
+        wanted = set(labels.items())
+        with self._lock:
+            for key in [k for k in fam.series if wanted <= set(k)]:
+                del fam.series[key]
+
     def increment(self, fam: Family, s: Series, value: float) -> None:
         if fam.kind == MetricKind.HISTOGRAM:
             raise ValueError("histogram metrics support only observe()")
@@ -233,6 +241,13 @@ class HostMetrics:
             self._store.series(fam, labels)
         for reason in FAILURE_REASONS:
             self._store.series(self.failure, {**labels, "reason": reason})
+
+    def model_unloaded(self, model: str, version: str) -> None:
+        """As tritonserver drops a model's metric reporter with the model: its series leave
+        /metrics, and a later load of the same version starts them again at 0 (model_loaded)."""
+        labels = {"model": model, "version": version}
+        for fam in (self.success, self.failure, self.count, self.exec_count, self.duration, self.queue, self.pending):
+            self._store.drop_series(fam, labels)
 
     def executed(self, model: str, version: str) -> None:
         """One call of the model's execute() (with a batch of one or more requests)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
+import gc
 import importlib.util
 import itertools
 import logging
@@ -34,6 +36,15 @@ _module_ids = itertools.count()
 
 class HostCheckError(Exception):
     """A contract violation found by the host itself (reported without a type name, as Triton does)."""
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc keeps them for reuse otherwise: an
+    unloaded SmolLM2 left the host's RSS at 1.4 GiB, 0.7 GiB after this). Elsewhere, nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def import_model_module(path: Path, tag: str) -> ModuleType:
@@ -192,3 +203,9 @@ class ModelInstance:
         finally:
             if self._aloop is not None:
                 self._aloop.call_soon_threadsafe(self._aloop.stop)
+            # Triton's stub process exits here, and the model's memory goes with it. In this one
+            # process the model is dropped and its reference cycles collected now, so a model
+            # unloaded (explicit model control) gives its weights and caches back before the next load.
+            self._model = None
+            gc.collect()
+            _return_freed_memory()

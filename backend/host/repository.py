@@ -2,13 +2,22 @@
 
 Models load in parallel; one failing (bad config, no version, initialize
 raising) is reported as not ready with a reason and never stops the others.
+
+With explicit model control, load_model() and unload_model() (the
+RepositoryModelLoad / RepositoryModelUnload RPCs) change what is served while
+the host runs. They run on the event loop, one at a time per model, and do
+their blocking work (initialize, finalize) in threads. A reload loads the new
+versions beside the old ones and swaps only when all of them are READY, so a
+broken model.py never takes down a model that was serving.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Coroutine, Iterable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -21,6 +30,7 @@ from .pb_utils.triton_errors import TritonError
 _LOG = logging.getLogger("kvserve.host")
 CONFIG_FILE = "config.pbtxt"
 _INT64_MAX = 2**63 - 1  # model versions are int64 in tritonserver
+POLLING_ENABLED = "explicit model load / unload is not allowed if polling is enabled"  # tritonserver's words
 
 
 @dataclass(slots=True)
@@ -48,7 +58,7 @@ def parse_version(version: str) -> int:
 
 
 class ModelRepository:
-    def __init__(self, root: str | Path, metrics: HostMetrics) -> None:
+    def __init__(self, root: str | Path, metrics: HostMetrics, explicit_control: bool = False) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository '{self.root}' is not a directory")
@@ -57,6 +67,10 @@ class ModelRepository:
         # Models in the repository that explicit model control did not load: the index lists them
         # by name alone, as tritonserver's does ("every model available ... even if not loaded").
         self.not_loaded: list[str] = []
+        # --model-control-mode=explicit: load_model() and unload_model() are allowed.
+        self.explicit_control = explicit_control
+        self._control_locks: dict[str, asyncio.Lock] = {}
+        self._control_tasks: set[asyncio.Task[None]] = set()
 
     def scan(self, only: frozenset[str] | None = None) -> None:
         """Find the models; with `only` (explicit model control) just those, and a name
@@ -69,31 +83,32 @@ class ModelRepository:
                 self.not_loaded.append(model_dir.name)
                 continue
             found.add(model_dir.name)
-            entry = ModelEntry(model_dir.name, model_dir)
-            self.entries[entry.name] = entry
-            try:
-                config = normalize(parse_config_file(model_dir / CONFIG_FILE), model_dir)
-                entry.config = config
-                versions = select_versions(model_dir, config)
-                if not versions:
-                    raise ConfigError(f"at least one version must be available under the version policy of "
-                                      f"model '{entry.name}'")
-                for v in versions:
-                    entry.versions[v] = ModelRuntime(name=entry.name, version=v, model_dir=model_dir,
-                                                     config=config, metrics=self.metrics)
-            except ConfigError as exc:
-                entry.error = str(exc)
-                _LOG.error("failed to load '%s': %s", entry.name, exc)
+            self.entries[model_dir.name] = self._read_model(model_dir)
         for name in sorted((only or set()) - found):
             self.entries[name] = ModelEntry(name, self.root / name, error="failed to poll from model repository")
             _LOG.error("failed to load '%s': not found in the model repository", name)
 
+    def _read_model(self, model_dir: Path) -> ModelEntry:
+        """A model directory as an entry with one runtime (not yet loaded) per selected version;
+        a bad config or no version to serve leaves the reason in `error` instead."""
+        entry = ModelEntry(model_dir.name, model_dir)
+        try:
+            config = normalize(parse_config_file(model_dir / CONFIG_FILE), model_dir)
+            entry.config = config
+            versions = select_versions(model_dir, config)
+            if not versions:
+                raise ConfigError(f"at least one version must be available under the version policy of "
+                                  f"model '{entry.name}'")
+            for v in versions:
+                entry.versions[v] = ModelRuntime(name=entry.name, version=v, model_dir=model_dir,
+                                                 config=config, metrics=self.metrics)
+        except (ConfigError, OSError) as exc:  # OSError: the files changed under a running host
+            entry.error = str(exc)
+            _LOG.error("failed to load '%s': %s", entry.name, exc)
+        return entry
+
     def load_all(self) -> None:
-        runtimes = [rt for e in self.entries.values() for rt in e.versions.values()]
-        if not runtimes:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(runtimes)), thread_name_prefix="kvserve-load") as pool:
-            list(pool.map(ModelRuntime.load, runtimes))
+        _load_runtimes([rt for e in self.entries.values() for rt in e.versions.values()])
 
     def lookup(self, name: str, version: str = "") -> ModelRuntime:
         """The runtime that serves (name, version); "" means the latest ready version."""
@@ -140,5 +155,141 @@ class ModelRepository:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         for entry in self.entries.values():
-            for rt in entry.versions.values():
-                rt.shutdown(timeout)
+            _shutdown_runtimes(entry.versions.values(), timeout)
+
+    # ---- explicit model control (RepositoryModelLoad / RepositoryModelUnload) ----
+
+    async def load_model(self, name: str) -> None:
+        """Load model `name` from its directory, or reload it when it is loaded. Raises InferError:
+        UNAVAILABLE without explicit model control, INVALID_ARG for a name that is not a model of
+        this repository, INTERNAL when the load fails (a model that was READY keeps serving)."""
+        self._require_explicit_control()
+        model_dir = self._model_dir_of(name)
+        if model_dir is None:
+            raise InferError(TritonError.INVALID_ARG, f"failed to load '{name}', failed to poll from model repository")
+        await self._finish_even_if_cancelled(self._load_locked(name, model_dir))
+
+    async def unload_model(self, name: str) -> None:
+        """Unload every version of model `name`. As in tritonserver a model that is not loaded, or
+        not in the repository at all, unloads successfully (nothing to do)."""
+        self._require_explicit_control()
+        if name in self.entries or self._model_dir_of(name) is not None:
+            await self._finish_even_if_cancelled(self._unload_locked(name))
+
+    async def wait_for_model_control(self) -> None:
+        """Let loads and unloads under way finish, so that shutdown() finalizes what they loaded."""
+        if self._control_tasks:
+            await asyncio.gather(*self._control_tasks, return_exceptions=True)
+
+    def _require_explicit_control(self) -> None:
+        if not self.explicit_control:
+            raise InferError(TritonError.UNAVAILABLE, POLLING_ENABLED)
+
+    def _model_dir_of(self, name: str) -> Path | None:
+        """The directory of model `name` in this repository (one with a config.pbtxt), or None.
+        Only a plain directory name is looked up: a client's "../x" never reaches outside the root."""
+        if not _is_plain_name(name):
+            return None
+        model_dir = self.root / name
+        return model_dir if model_dir.is_dir() and (model_dir / CONFIG_FILE).is_file() else None
+
+    async def _finish_even_if_cancelled(self, work: Coroutine[Any, Any, None]) -> None:
+        # A client that gives up (deadline, disconnect) cancels its RPC. Cut short, a load would
+        # leave initialized instances that nobody finalizes and release the model's lock mid-swap;
+        # so the work is a task of its own that the RPC merely waits for.
+        task = asyncio.ensure_future(work)
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_task_done)
+        await asyncio.shield(task)
+
+    def _control_task_done(self, task: asyncio.Task[None]) -> None:
+        self._control_tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here too: a caller that went away must not leave it unread
+
+    def _lock_for(self, name: str) -> asyncio.Lock:
+        # One lock per model: loads and unloads of one model never interleave, others run alongside.
+        return self._control_locks.setdefault(name, asyncio.Lock())
+
+    async def _load_locked(self, name: str, model_dir: Path) -> None:
+        async with self._lock_for(name):
+            candidate = self._read_model(model_dir)
+            await asyncio.to_thread(_load_runtimes, list(candidate.versions.values()))
+            failure = _load_failure(candidate)
+            if failure:
+                await self._settle_failed_load(candidate)
+                raise InferError(TritonError.INTERNAL, failure)
+            current = self.entries.get(name)
+            self._install(candidate)  # new requests go to the new runtimes from here on
+            if current is not None:
+                await self._retire(current)
+
+    async def _settle_failed_load(self, candidate: ModelEntry) -> None:
+        """As tritonserver since core PR #102: a model that was serving keeps serving as it was.
+        One with nothing READY is shown failed, with the reason, as a failed start-up load is."""
+        await self._retire(candidate)  # versions that did load are finalized: a model loads whole or not at all
+        current = self.entries.get(candidate.name)
+        if current is not None and current.ready_versions():
+            return
+        self._install(candidate)
+        if current is not None:
+            await self._retire(current)
+
+    async def _unload_locked(self, name: str) -> None:
+        async with self._lock_for(name):
+            entry = self.entries.pop(name, None)  # from here lookups answer "unknown model"
+            if entry is None:
+                return
+            if self._model_dir_of(name) is not None and name not in self.not_loaded:
+                self.not_loaded.append(name)
+            await self._retire(entry)
+            _LOG.info("successfully unloaded '%s'", name)
+
+    def _install(self, entry: ModelEntry) -> None:
+        self.entries[entry.name] = entry
+        if entry.name in self.not_loaded:
+            self.not_loaded.remove(entry.name)
+
+    async def _retire(self, entry: ModelEntry) -> None:
+        """Shut an entry's versions down (requests already queued finish first) and drop the
+        metrics of the versions this model no longer serves."""
+        runtimes = list(entry.versions.values())
+        _stop_accepting(runtimes)
+        await asyncio.to_thread(_shutdown_runtimes, runtimes)
+        serving = self.entries.get(entry.name)
+        still_served = set(serving.ready_versions()) if serving is not None else set()
+        for version in entry.versions:
+            if version not in still_served:
+                self.metrics.model_unloaded(entry.name, str(version))
+
+
+def _is_plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def _load_runtimes(runtimes: list[ModelRuntime]) -> None:
+    """Blocking: load every runtime, in parallel (ModelRuntime.load never raises)."""
+    if not runtimes:
+        return
+    with ThreadPoolExecutor(max_workers=min(8, len(runtimes)), thread_name_prefix="kvserve-load") as pool:
+        list(pool.map(ModelRuntime.load, runtimes))
+
+
+def _shutdown_runtimes(runtimes: Iterable[ModelRuntime], timeout: float = 30.0) -> None:
+    for rt in runtimes:
+        rt.shutdown(timeout)
+
+
+def _stop_accepting(runtimes: Iterable[ModelRuntime]) -> None:
+    """Called on the event loop, where requests are submitted: once a runtime is no longer READY
+    its submit() refuses, so no request can be queued behind the stop signals of shutdown()."""
+    for rt in runtimes:
+        if rt.state == ModelState.READY:
+            rt.state = ModelState.UNLOADED
+
+
+def _load_failure(entry: ModelEntry) -> str:
+    """Why a freshly loaded entry cannot serve; "" when every version is READY."""
+    if entry.error:
+        return f"failed to load '{entry.name}': {entry.error}"
+    return "; ".join(rt.reason for rt in entry.versions.values() if rt.state != ModelState.READY)

@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-on-error", type=_bool, default=True,
                    help="exit (code 1, no ready line) when a model fails to load (tritonserver's default)")
     p.add_argument("--model-control-mode", choices=("none", "explicit"), default="none",
-                   help="none: load every model in the repository; explicit: only those named by --load-model "
-                        "(tritonserver's flags)")
+                   help="none: load every model in the repository; explicit: only those named by --load-model, "
+                        "and clients may load and unload models (tritonserver's flags)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode=explicit, a model to load at startup (repeat; '*' for all)")
     p.add_argument("--log-level", default="info", type=str.lower, choices=sorted(_LEVELS))
@@ -97,7 +97,8 @@ async def _serve(args: argparse.Namespace, ready_out: TextIO) -> int:
     starting = asyncio.create_task(start_host(args.model_repository, grpc_port=args.grpc_port,
                                               metrics_port=args.metrics_port, host=args.host,
                                               strict_readiness=args.strict_readiness,
-                                              load_models=_load_models(args)))
+                                              load_models=_load_models(args),
+                                              explicit_model_control=args.model_control_mode == "explicit"))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():

@@ -1,14 +1,16 @@
 """GRPCInferenceService (KServe v2) served with grpc.aio, as tritonserver serves it.
 
-Health, metadata, config and ModelInfer live here; ModelStreamInfer is in
-grpc_stream. The other RPCs (statistics, shared memory, tracing, logging,
-explicit load/unload) answer UNIMPLEMENTED, saying that this host leaves them
-out, without an error line in the host's log for each call.
+Health, metadata, config, the repository RPCs and ModelInfer live here;
+ModelStreamInfer is in grpc_stream. RepositoryModelLoad / RepositoryModelUnload
+work as in tritonserver with --model-control-mode=explicit (the repository does
+the work) and answer UNAVAILABLE in mode none. The other RPCs (statistics,
+shared memory, tracing, logging) answer UNIMPLEMENTED, saying that this host
+leaves them out, without an error line in the host's log for each call.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Coroutine
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -91,6 +93,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                   for n, v, s, r in self._repo.index() if not request.ready or s == "READY"]
         return pb.RepositoryIndexResponse(models=models)
 
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.RepositoryModelLoadResponse:
+        if request.parameters and self._repo.explicit_control:
+            # tritonserver can load a config or files sent with the request; this host loads the
+            # repository's own, and says so rather than serve something else than was asked.
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                f"failed to load '{request.model_name}': load parameters (config, file "
+                                "content) are not supported by kvserve's embedded host")
+        await self._model_control(self._repo.load_model(request.model_name), context)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.RepositoryModelUnloadResponse:
+        # `unload_dependents` needs no handling: Python-backend models have no dependents here.
+        await self._model_control(self._repo.unload_model(request.model_name), context)
+        return pb.RepositoryModelUnloadResponse()
+
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         try:
             request = await parse_message(data)
@@ -146,6 +165,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext) -> None:
         await StreamSession(self._repo, self._metrics, request_iterator, context).run()
 
+    async def _model_control(self, work: Coroutine[Any, Any, None], context: grpc.aio.ServicerContext) -> None:
+        try:
+            await work
+        except InferError as exc:
+            await context.abort(exc.grpc_code, exc.message)
+
     async def _lookup(self, name: str, version: str, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         try:
             return self._repo.lookup(name, version)
@@ -154,7 +179,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 UNIMPLEMENTED_RPCS = (
-    "ModelStatistics", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
+    "ModelStatistics", "SystemSharedMemoryStatus",
     "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings",
 )

@@ -152,7 +152,7 @@ def test_requests_are_validated_against_the_config(client: grpcclient.InferenceS
 
 def test_rpcs_this_host_leaves_out_say_so(client: grpcclient.InferenceServerClient, caplog) -> None:
     with caplog.at_level("ERROR"):
-        for call in (lambda: client.get_inference_statistics("echo"), lambda: client.load_model("echo"),
+        for call in (lambda: client.get_inference_statistics("echo"), lambda: client.get_log_settings(),
                      lambda: client.get_system_shared_memory_status()):
             with pytest.raises(InferenceServerException, match="not implemented by kvserve's embedded host") as err:
                 call()

@@ -34,3 +34,22 @@ def test_a_failed_request_moves_only_the_failure_counter() -> None:
     assert samples[("nv_inference_request_success", labels)] == 1 and samples[("nv_inference_count", labels)] == 1
     assert samples[("nv_inference_request_duration_us", labels)] == 2_000
     assert samples[("nv_inference_queue_duration_us", labels)] == 30
+
+
+def test_a_model_unloaded_and_loaded_again_starts_its_series_afresh() -> None:
+    store = MetricStore()
+    metrics = HostMetrics(store)
+    metrics.model_loaded("llm", "1")
+    metrics.model_loaded("other", "1")
+    metrics.request_done("llm", "1", None, duration_us=100, queue_us=1)
+    metrics.request_done("llm", "1", "BACKEND", duration_us=100, queue_us=1)
+    metrics.model_unloaded("llm", "1")
+    samples = _samples(store)
+    assert not [key for key in samples if ("model", "llm") in key[1]]  # every series of the model, failures too
+    assert samples[("nv_inference_request_success", (("model", "other"), ("version", "1")))] == 0
+    metrics.model_loaded("llm", "1")  # registering again does not raise...
+    metrics.model_loaded("llm", "1")
+    samples = _samples(store)
+    labels = (("model", "llm"), ("version", "1"))
+    assert samples[("nv_inference_request_success", labels)] == 0  # ...and counts from 0
+    assert samples[("nv_inference_request_failure", (("model", "llm"), ("reason", "BACKEND"), ("version", "1")))] == 0
