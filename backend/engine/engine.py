@@ -78,7 +78,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  self.runner.kv_groups)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_loras if config.enable_lora else None)
+                                   config.max_loras if config.enable_lora else None, self.vocab_size)
         # LoRA adapters (backend/lora/): the registry any thread adds to, and the runner's slots read.
         self.loras: LoRARegistry | None = None
         self.lora_finished: dict[str, int] = {}  # adapter name -> requests ended (metrics)
@@ -294,7 +294,8 @@ class LLMEngine:
             part = rows[first:first + _PROMPT_SCORE_ROWS].log_softmax(dim=-1)
             ids = targets[first:first + _PROMPT_SCORE_ROWS]
             chosen_t = part.gather(1, torch.tensor(ids, device=part.device).unsqueeze(1))
-            ranks = ((part > chosen_t).sum(dim=1) + 1).tolist()
+            # Counted in int32: a bool tensor's default sum (into int64) took twice as long here.
+            ranks = ((part > chosen_t).sum(dim=1, dtype=torch.int32) + 1).tolist()
             chosen = chosen_t.squeeze(1).tolist()
             tops: list[list[tuple[int, float]]] = [[] for _ in ids]
             if k:

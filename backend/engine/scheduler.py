@@ -56,17 +56,24 @@ class SchedulerOutput:
         return any(s.prompt_logits for s in self.scheduled)
 
 
+# The float32 logits of the prompt rows one step may score, beyond the rows the step's profile holds
+# (SmolLM2's 49,152-token vocabulary: 1,365 rows; Gemma 3's 262,144: 256).
+SCORED_LOGITS_BYTES = 256 * 2**20
+
+
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, vocab_size: int = 0) -> None:
         self.kv = kv
         self.max_loras = max_loras  # None: no LoRA bound (adapters off)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # Prompt tokens a step may score (prompt logprobs): each needs a row of logits over the whole
-        # vocabulary, and the memory planned for the step (the runner's profile) holds one row per
-        # sequence and the sampler's copies of it. A long prompt is scored over several steps.
-        self.max_scored_tokens = max(2 * max_num_seqs, 32)
+        # vocabulary. The memory planned for a step (the runner's profile) holds one row per sequence
+        # and the sampler's copies of it; beyond that, rows up to SCORED_LOGITS_BYTES in all. A long
+        # prompt is scored over several steps.
+        by_bytes = SCORED_LOGITS_BYTES // (4 * vocab_size) if vocab_size else 0
+        self.max_scored_tokens = max(2 * max_num_seqs, 32, by_bytes)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

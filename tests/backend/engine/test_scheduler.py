@@ -109,7 +109,7 @@ def test_prompt_scoring_is_spread_over_steps_within_the_scoring_budget():
     """prompt_logprobs: each scored prompt token is a row of logits over the whole vocabulary; a
     step scores at most max_scored_tokens of them, while other requests take the rest of the budget."""
     s = _sched(num_blocks=256, max_seqs=8, budget=200)
-    assert s.max_scored_tokens == 32
+    assert s.max_scored_tokens == 32  # no vocabulary given: the rows the step profile holds
     scored = [Request(f"s{i}", list(range(100 * i, 100 * i + 50)), SamplingParams(max_tokens=2, prompt_logprobs=1),
                       cache_key=None, scores_prompt=True) for i in range(2)]
     for r in scored:
