@@ -153,8 +153,12 @@ async def _stream_outcome(session: aiohttp.ClientSession, url: str, prompt: list
                           first_token: asyncio.Event) -> str:
     """ok | error_event (an error after tokens had streamed) | error_before_tokens |
     http_<status> | broken, from one streaming completion."""
+    # logprobs: every token the replica sends then reaches the client as a chunk, even one whose
+    # text is held back (a partial UTF-8 character of the random model); without them such a
+    # stream has started on the replica, so it is not retried, yet the client saw nothing before
+    # the error and the outcome would read error_before_tokens
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "logprobs": 0}
     error = streamed = False
     try:
         async with session.post(f"{url}/v1/completions", json=body) as resp:
@@ -172,9 +176,7 @@ async def _stream_outcome(session: aiohttp.ClientSession, url: str, prompt: list
                 if "error" in event:
                     error = True
                 else:
-                    # a chunk reaches the client only once the replica sent a token (its text
-                    # may be empty: a partial UTF-8 character of the random model)
-                    streamed = True
+                    streamed = True  # the replica had sent a token (its text may be empty)
                     if event["choices"][0]["text"]:
                         first_token.set()
     except aiohttp.ClientPayloadError:
