@@ -19,7 +19,8 @@ from .kserve.grpc_service import InferenceServicer
 from .http_endpoints import HttpEndpoints
 from .kserve.raw_requests import add_servicer
 from .host_metrics import REGISTRY, HostMetrics
-from .pb_utils.host_hooks import set_model_ready_hook
+from .bls_model_control import LoopModelControl
+from .pb_utils.host_hooks import set_model_control, set_model_ready_hook
 from .repository import ModelRepository
 
 _LOG = logging.getLogger("kvserve.host")
@@ -75,6 +76,7 @@ class HostHandle:
             return
         self._stopped = True
         self._servicer.shutting_down = True
+        set_model_control(None)  # no model starts a load the shutdown below would not finalize
         await self._server.stop(grace)
         await self.repository.wait_for_model_control()  # a load under way finishes, then is finalized
         await asyncio.to_thread(self.repository.shutdown)
@@ -104,6 +106,8 @@ async def start_host(
     repo.scan(load_models)
     await asyncio.to_thread(repo.load_all)
     set_model_ready_hook(repo.model_ready)
+    # pb_utils.load_model / unload_model; in mode none the repository refuses them as the RPCs
+    set_model_control(LoopModelControl(repo, asyncio.get_running_loop()))
 
     servicer = InferenceServicer(repo, metrics, strict_readiness=strict_readiness)
     server = grpc.aio.server(options=_grpc_options())

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import pb_utils
-from .pb_utils.host_hooks import set_thread_model_dir
+from .pb_utils.host_hooks import set_thread_model
 from .pb_utils.inference_request import InferenceRequest
 from .pb_utils.response import InferenceResponse
 
@@ -125,7 +125,7 @@ class ModelInstance:
     # ---- instance thread ----
 
     def _main(self) -> None:
-        set_thread_model_dir(str(self.runtime.version_dir))
+        set_thread_model(self.runtime.name, str(self.runtime.version_dir))
         try:
             module = import_model_module(self.runtime.model_file, f"{self.runtime.name}_{self.name}")
             self._model = module.TritonPythonModel()

@@ -17,7 +17,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Coroutine, Iterable
+from typing import Any, Callable, Coroutine, Iterable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -67,6 +67,9 @@ class ModelRepository:
         # Models in the repository that explicit model control did not load: the index lists them
         # by name alone, as tritonserver's does ("every model available ... even if not loaded").
         self.not_loaded: list[str] = []
+        # Versions that served and were unloaded since (explicit model control): tritonserver keeps
+        # them in its index as UNAVAILABLE, reason "unloaded", until they load again.
+        self.unloaded: dict[str, set[int]] = {}
         # --model-control-mode=explicit: load_model() and unload_model() are allowed.
         self.explicit_control = explicit_control
         self._control_locks: dict[str, asyncio.Lock] = {}
@@ -113,20 +116,21 @@ class ModelRepository:
     def lookup(self, name: str, version: str = "") -> ModelRuntime:
         """The runtime that serves (name, version); "" means the latest ready version."""
         entry = self.entries.get(name)
-        if entry is None:
+        unloaded = self.unloaded.get(name, set())
+        if entry is None and not unloaded:
             raise InferError(TritonError.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if not version:
-            ready = entry.ready_versions()
-            if not ready:
-                raise InferError(TritonError.UNAVAILABLE,
+            ready = entry.ready_versions() if entry is not None else []
+            if not ready:  # NOT_FOUND, as tritonserver's lifecycle answers it
+                raise InferError(TritonError.NOT_FOUND,
                                  f"Request for unknown model: '{name}' has no available versions")
-            return entry.versions[ready[-1]]
+            return entry.versions[ready[-1]]  # type: ignore[union-attr]
         number = parse_version(version)
-        runtime = entry.versions.get(number)
-        if runtime is None:
+        runtime = entry.versions.get(number) if entry is not None else None
+        if runtime is None and number not in unloaded:
             raise InferError(TritonError.NOT_FOUND,
                              f"Request for unknown model: '{name}' version {number} is not found")
-        if runtime.state != ModelState.READY:
+        if runtime is None or runtime.state != ModelState.READY:
             raise InferError(TritonError.UNAVAILABLE,
                              f"Request for unknown model: '{name}' version {number} is not at ready state")
         return runtime
@@ -150,7 +154,9 @@ class ModelRepository:
                 rows.append((entry.name, "", ModelState.UNAVAILABLE.value, entry.error))
             for v, rt in sorted(entry.versions.items()):
                 rows.append((entry.name, str(v), rt.state.value, rt.reason))
-        rows.extend((name, "", "", "") for name in self.not_loaded)
+        for name, versions in self.unloaded.items():
+            rows.extend((name, str(v), ModelState.UNAVAILABLE.value, "unloaded") for v in versions)
+        rows.extend((name, "", "", "") for name in self.not_loaded if name not in self.unloaded)
         return sorted(rows)
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -169,12 +175,15 @@ class ModelRepository:
             raise InferError(TritonError.INVALID_ARG, f"failed to load '{name}', failed to poll from model repository")
         await self._finish_even_if_cancelled(self._load_locked(name, model_dir))
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, on_taken_out: Callable[[], None] | None = None) -> None:
         """Unload every version of model `name`. As in tritonserver a model that is not loaded, or
-        not in the repository at all, unloads successfully (nothing to do)."""
+        not in the repository at all, unloads successfully (nothing to do). `on_taken_out` is
+        called once the model takes no new requests, before its versions finish and finalize."""
         self._require_explicit_control()
         if name in self.entries or self._model_dir_of(name) is not None:
-            await self._finish_even_if_cancelled(self._unload_locked(name))
+            await self._finish_even_if_cancelled(self._unload_locked(name, on_taken_out))
+        elif on_taken_out is not None:
+            on_taken_out()
 
     async def wait_for_model_control(self) -> None:
         """Let loads and unloads under way finish, so that shutdown() finalizes what they loaded."""
@@ -222,6 +231,7 @@ class ModelRepository:
             current = self.entries.get(name)
             self._install(candidate)  # new requests go to the new runtimes from here on
             if current is not None:
+                self._mark_unloaded(current)  # versions the new load no longer has
                 await self._retire(current)
 
     async def _settle_failed_load(self, candidate: ModelEntry) -> None:
@@ -235,13 +245,16 @@ class ModelRepository:
         if current is not None:
             await self._retire(current)
 
-    async def _unload_locked(self, name: str) -> None:
+    async def _unload_locked(self, name: str, on_taken_out: Callable[[], None] | None) -> None:
         async with self._lock_for(name):
             entry = self.entries.pop(name, None)  # from here lookups answer "unknown model"
+            if on_taken_out is not None:
+                on_taken_out()
             if entry is None:
                 return
             if self._model_dir_of(name) is not None and name not in self.not_loaded:
                 self.not_loaded.append(name)
+            self._mark_unloaded(entry)
             await self._retire(entry)
             _LOG.info("successfully unloaded '%s'", name)
 
@@ -249,6 +262,18 @@ class ModelRepository:
         self.entries[entry.name] = entry
         if entry.name in self.not_loaded:
             self.not_loaded.remove(entry.name)
+        gone = self.unloaded.pop(entry.name, set()) - set(entry.versions)
+        if gone:
+            self.unloaded[entry.name] = gone
+
+    def _mark_unloaded(self, entry: ModelEntry) -> None:
+        """`entry` leaves the repository: its serving versions that no installed entry of the same
+        name serves are shown unloaded. A version that never served (a failed load) is not."""
+        serving = self.entries.get(entry.name)
+        kept = set(serving.versions) if serving is not None and serving is not entry else set()
+        gone = set(entry.ready_versions()) - kept
+        if gone:
+            self.unloaded.setdefault(entry.name, set()).update(gone)
 
     async def _retire(self, entry: ModelEntry) -> None:
         """Shut an entry's versions down (requests already queued finish first) and drop the

@@ -147,7 +147,9 @@ def test_requests_are_validated_against_the_config(client: grpcclient.InferenceS
     assert unknown.value.status() == "StatusCode.NOT_FOUND"
     with pytest.raises(InferenceServerException) as unavailable:
         client.infer("failing", [one])
-    assert unavailable.value.status() == "StatusCode.UNAVAILABLE"
+    # tritonserver's lifecycle: a known model with no READY version is NOT_FOUND too
+    assert unavailable.value.status() == "StatusCode.NOT_FOUND"
+    assert unavailable.value.message() == "Request for unknown model: 'failing' has no available versions"
 
 
 def test_rpcs_this_host_leaves_out_say_so(client: grpcclient.InferenceServerClient, caplog) -> None:

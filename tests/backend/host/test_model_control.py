@@ -82,10 +82,14 @@ def _lifecycle(repo: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def _generation(client: grpcclient.InferenceServerClient, delay_ms: int = 0) -> str:
+def _delay(delay_ms: int) -> grpcclient.InferInput:
     delay = grpcclient.InferInput("DELAY_MS", [1], "INT32")
     delay.set_data_from_numpy(np.array([delay_ms], dtype=np.int32))
-    return client.infer("gen", [delay]).as_numpy("GEN")[0].decode()
+    return delay
+
+
+def _generation(client: grpcclient.InferenceServerClient, delay_ms: int = 0) -> str:
+    return client.infer("gen", [_delay(delay_ms)]).as_numpy("GEN")[0].decode()
 
 
 def _index(client: grpcclient.InferenceServerClient) -> dict[str, tuple[str, str, str]]:
@@ -168,14 +172,14 @@ def test_load_serves_and_unload_finalizes_and_forgets(explicit_host: HostThread,
     assert not client.is_model_ready("gen")
     status, message = _status_of(lambda: _generation(client))
     assert status == "StatusCode.NOT_FOUND" and "unknown model" in message
-    assert _index(client)["gen"] == ("", "", "")  # listed by name alone again
+    assert _index(client)["gen"] == ("1", "UNAVAILABLE", "unloaded")  # as tritonserver lists it
     assert _lifecycle(repo) == ["initialize 1", "finalize 1"]  # finalize() ran on unload
     assert client.is_server_ready() and client.is_model_ready("echo")
 
     client.unload_model("gen")  # not loaded: success, as tritonserver
     client.unload_model("no_such_model")  # not in the repository: success too
     client.load_model("gen")  # loaded again in the same process
-    assert _generation(client) == "1"
+    assert _generation(client) == "1" and _index(client)["gen"] == ("1", "READY", "")
 
 
 def test_metrics_follow_a_model_through_unload_and_load_again(explicit_host: HostThread,
@@ -236,7 +240,23 @@ def test_a_failed_first_load_is_shown_failed_until_unloaded(explicit_host: HostT
     assert state == "UNAVAILABLE" and "initialize failed on purpose" in reason
     assert not client.is_model_ready("failing") and not client.is_server_ready()  # as a failed start-up load
     client.unload_model("failing")
+    # it never served, so it is listed by name alone again, not as "unloaded"
     assert _index(client)["failing"] == ("", "", "") and client.is_server_ready()
+
+
+def test_a_reload_that_drops_a_version_shows_it_unloaded(explicit_host: HostThread, repo: Path,
+                                                         client: grpcclient.InferenceServerClient) -> None:
+    client.load_model("gen")
+    (repo / "gen" / "2").mkdir()
+    shutil.copy(repo / "gen" / "1" / "model.py", repo / "gen" / "2" / "model.py")
+    client.load_model("gen")  # the default version policy serves the latest version only
+    rows = sorted((m.version, m.state, m.reason) for m in client.get_model_repository_index().models
+                  if m.name == "gen")
+    assert rows == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]
+    assert client.is_model_ready("gen", "2") and not client.is_model_ready("gen", "1")
+    status, message = _status_of(lambda: client.infer("gen", [_delay(0)], model_version="1"))
+    assert (status, message) == ("StatusCode.UNAVAILABLE",
+                                 "Request for unknown model: 'gen' version 1 is not at ready state")
 
 
 def test_reload_swaps_after_the_queued_requests_finish(explicit_host: HostThread, repo: Path,
@@ -296,3 +316,105 @@ def test_a_load_whose_client_gives_up_still_completes(explicit_host: HostThread,
     assert _generation(client) == "1"
     client.unload_model("gen")
     assert _lifecycle(repo) == ["initialize 1", "finalize 1"]
+
+
+# ---- the same from inside a model: pb_utils.load_model / unload_model (the BLS model-loading API) ----
+
+MANAGER_CONFIG = """
+name: "manager"
+backend: "python"
+max_batch_size: 0
+input [ { name: "ACTION" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "TARGET" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "CONFIG" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "STATUS" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+# Does ACTION to TARGET and answers what pb_utils said, with the target's readiness right after.
+MANAGER_MODEL = textwrap.dedent("""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                action, target, config = (pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0].decode()
+                                          for name in ("ACTION", "TARGET", "CONFIG"))
+                try:
+                    if action == "load":
+                        pb_utils.load_model(target, config=config)
+                    else:
+                        pb_utils.unload_model(target)
+                    status = f"ok ready={pb_utils.is_model_ready(target)}"
+                except pb_utils.TritonModelException as exc:
+                    status = f"error {exc}"
+                out = pb_utils.Tensor("STATUS", np.array([status.encode()], dtype=np.object_))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            return responses
+""")
+
+
+def _ask_manager(client: grpcclient.InferenceServerClient, action: str, target: str, config: str = "") -> str:
+    inputs = []
+    for name, value in (("ACTION", action), ("TARGET", target), ("CONFIG", config)):
+        tensor = grpcclient.InferInput(name, [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([value.encode()], dtype=np.object_))
+        inputs.append(tensor)
+    return client.infer("manager", inputs).as_numpy("STATUS")[0].decode()
+
+
+def _with_manager(repo: Path) -> Path:
+    (repo / "manager" / "1").mkdir(parents=True)
+    (repo / "manager" / "config.pbtxt").write_text(MANAGER_CONFIG)
+    (repo / "manager" / "1" / "model.py").write_text(MANAGER_MODEL)
+    return repo
+
+
+def test_a_model_loads_and_unloads_another_through_pb_utils(repo: Path) -> None:
+    ht = HostThread(_with_manager(repo), load_models=frozenset({"manager"}))
+    c = grpcclient.InferenceServerClient(ht.handle.grpc_url)
+    try:
+        assert _ask_manager(c, "load", "gen") == "ok ready=True"  # returns once it serves
+        assert _generation(c) == "1"
+        _write_gen(repo, generation="2")
+        assert _ask_manager(c, "load", "gen") == "ok ready=True" and _generation(c) == "2"  # a reload
+        # unload returns once the model takes no new requests; it finalizes after
+        assert _ask_manager(c, "unload", "gen") == "ok ready=False"
+        assert _index(c)["gen"] == ("1", "UNAVAILABLE", "unloaded")
+        deadline = time.monotonic() + 10
+        while _lifecycle(repo).count("finalize 2") < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _lifecycle(repo) == ["initialize 1", "initialize 2", "finalize 1", "finalize 2"]
+
+        status = _ask_manager(c, "load", "failing")
+        assert status.startswith("error ") and "initialize failed on purpose" in status
+        assert _ask_manager(c, "load", "nope") == "error failed to load 'nope', failed to poll from model repository"
+        # a config would be tritonserver's override: refused, never ignored
+        assert "not supported" in _ask_manager(c, "load", "gen", config='{"max_batch_size": 8}')
+        assert not c.is_model_ready("gen")
+        # its own load or unload would wait on the thread that asks: refused, and it keeps serving
+        assert _ask_manager(c, "unload", "manager") == "error failed to unload 'manager': a model cannot unload itself"
+        assert _ask_manager(c, "load", "manager") == "error failed to load 'manager': a model cannot load itself"
+        assert c.is_model_ready("manager")
+        # a client's RPC and the model's call take turns on the same model
+        assert _ask_manager(c, "load", "gen") == "ok ready=True"
+        c.unload_model("gen")
+        assert _ask_manager(c, "unload", "gen") == "ok ready=False"  # nothing left to unload: success
+    finally:
+        c.close()
+        ht.stop()
+
+
+def test_mode_none_refuses_pb_utils_model_control_as_the_rpcs(repo: Path) -> None:
+    shutil.rmtree(repo / "failing")
+    ht = HostThread(_with_manager(repo))
+    c = grpcclient.InferenceServerClient(ht.handle.grpc_url)
+    try:
+        assert _ask_manager(c, "load", "gen") == f"error {POLLING_ENABLED}"
+        assert _ask_manager(c, "unload", "echo") == f"error {POLLING_ENABLED}"
+        assert c.is_model_ready("echo") and c.is_model_ready("gen")
+    finally:
+        c.close()
+        ht.stop()

@@ -30,7 +30,8 @@ def test_llm_unloads_and_loads_again_in_the_same_host():
         assert not client.is_model_ready("llm")
         with pytest.raises(InferenceServerException):
             _greedy(client, host.grpc_url)
-        assert {m.name: m.state for m in client.get_model_repository_index().models}["llm"] == ""
+        index = {m.name: (m.version, m.state, m.reason) for m in client.get_model_repository_index().models}
+        assert index["llm"] == ("1", "UNAVAILABLE", "unloaded")
         client.load_model("llm")
         assert client.is_model_ready("llm") and _greedy(client, host.grpc_url) == first
         client.load_model("llm")  # a reload: the new engine serves once it is ready, the old one stops
