@@ -62,7 +62,8 @@ class Gateway:
             return self.default_model
         if name not in self.config.served_model_names:
             if name in self.config.embedding_model_names:
-                raise ApiError(400, "the requested model is an embedding model: it serves only /v1/embeddings",
+                raise ApiError(400, "the requested model is an embedding model: it serves only /v1/embeddings, "
+                                    "/v1/score and /v1/rerank",
                                param="model", code="model_not_supported")
             if not self.lora_possible:
                 raise model_not_found()

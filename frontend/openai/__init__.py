@@ -2,7 +2,7 @@
 request parsing, the chat template, tools and tool parsers, structured requests, logprobs, response
 bodies, the OpenAI error objects, the OpenAPI description, and the table of routes the app mounts.
 Nested: responses_api/ (the Responses API) and anthropic/ (Anthropic's Messages API), both on the
-chat completions path."""
+chat completions path, and scoring/ (vLLM's score and rerank APIs, on the embedding model)."""
 from __future__ import annotations
 
 from kvserve.frontend import exports_loader

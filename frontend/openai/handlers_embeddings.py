@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from kvserve.frontend.backend_client import BackendError, EmbedRequest, annotate_embeddings, backend_traceparent
+from kvserve.frontend.backend_client import (BackendError, EmbedRequest, EmbedResult, annotate_embeddings,
+                                             backend_traceparent)
 from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_span
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, from_backend, model_not_found
@@ -73,12 +74,7 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
     dimensions = F.opt_int(body, "dimensions", 1)
     if dimensions is not None:
         pooling["dimensions"] = dimensions
-    truncate = F.opt_int(body, "truncate_prompt_tokens", -1)
-    if truncate == 0:
-        raise bad_request("'truncate_prompt_tokens' must be -1 (the model's limit) or >= 1",
-                          param="truncate_prompt_tokens")
-    if truncate is not None:
-        pooling["truncate_prompt_tokens"] = truncate
+    pooling.update(truncation(body))
     normalize = F.opt_bool(body, "normalize")
     if normalize is not None:
         pooling["normalize"] = normalize
@@ -86,10 +82,47 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
     return EmbeddingsRequest(model, inputs, encoding, pooling, user)
 
 
-def _embedding_model(gateway: Gateway, name: str | None) -> str:
+def truncation(body: dict[str, Any]) -> dict[str, int]:
+    """vLLM's `truncate_prompt_tokens` as the embed model's pooling option ({} when not set)."""
+    truncate = F.opt_int(body, "truncate_prompt_tokens", -1)
+    if truncate == 0:
+        raise bad_request("'truncate_prompt_tokens' must be -1 (the model's limit) or >= 1",
+                          param="truncate_prompt_tokens")
+    return {} if truncate is None else {"truncate_prompt_tokens": truncate}
+
+
+async def embedding_model_for(gateway: Gateway, name: str | None, route: str) -> str:
+    """The embedding model that answers `route` for the request's `model`, ready to embed."""
+    if (name is not None and name not in gateway.config.embedding_model_names
+            and await gateway.lora_adapter(name) is not None):
+        raise ApiError(400, f"the requested model is a LoRA adapter: adapters serve generation only, not {route}",
+                       param="model", code="model_not_supported")
+    model = _embedding_model(gateway, name, route)
+    await gateway.ensure_embedder_ready()
+    return model
+
+
+async def embed(gateway: Gateway, rid: str, model: str, inputs: list[str] | list[list[int]],
+                pooling: dict[str, Any], prompt_param: str) -> EmbedResult:
+    """One backend request for every input, annotated on the request's span; errors as the API's."""
+    span = request_span()
+    annotate_embeddings(span, response_id=rid, model=model, num_inputs=len(inputs))
+    assert gateway.embedder is not None
+    try:
+        result = await gateway.embedder.embed(EmbedRequest(rid, inputs, pooling, backend_traceparent(span)))
+    except BackendError as exc:
+        raise from_backend(exc, prompt_param=prompt_param) from None
+    if len(result.vectors) != len(inputs):
+        raise from_backend(RuntimeError("embedding count mismatch"), prompt_param=prompt_param)
+    annotate_embeddings(span, response_id=rid, model=model, num_inputs=len(inputs),
+                        input_tokens=sum(result.prompt_tokens))
+    return result
+
+
+def _embedding_model(gateway: Gateway, name: str | None, route: str) -> str:
     names = gateway.config.embedding_model_names
     if name is not None and name in gateway.config.served_model_names:
-        raise ApiError(400, "the requested model is a generative model; /v1/embeddings needs an embedding model "
+        raise ApiError(400, f"the requested model is a generative model; {route} needs an embedding model "
                             "(GET /v1/models lists them)", param="model", code="model_not_supported")
     if not names or gateway.embedder is None:
         raise ApiError(400, "this server serves no embedding model (start it with --embedding-model)",
@@ -111,24 +144,10 @@ async def create_embeddings(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     body = await read_json_body(request, gateway.config.max_request_body_bytes)
     req = parse_embeddings(body)
-    if (req.model is not None and req.model not in gateway.config.embedding_model_names
-            and await gateway.lora_adapter(req.model) is not None):
-        raise ApiError(400, "the requested model is a LoRA adapter: adapters serve generation only, not "
-                            "/v1/embeddings", param="model", code="model_not_supported")
-    model = _embedding_model(gateway, req.model)
-    await gateway.ensure_embedder_ready()
+    model = await embedding_model_for(gateway, req.model, "/v1/embeddings")
     rid = f"embd-{uuid.uuid4().hex}"
-    span = request_span()
-    annotate_embeddings(span, response_id=rid, model=model, num_inputs=len(req.inputs))
-    assert gateway.embedder is not None
-    try:
-        result = await gateway.embedder.embed(EmbedRequest(rid, req.inputs, req.pooling, backend_traceparent(span)))
-    except BackendError as exc:
-        raise from_backend(exc, prompt_param="input") from None
-    if len(result.vectors) != len(req.inputs):
-        raise from_backend(RuntimeError("embedding count mismatch"), prompt_param="input")
+    result = await embed(gateway, rid, model, req.inputs, req.pooling, "input")
     tokens = sum(result.prompt_tokens)
-    annotate_embeddings(span, response_id=rid, model=model, num_inputs=len(req.inputs), input_tokens=tokens)
     return web.json_response({
         "id": rid,
         "object": "list",

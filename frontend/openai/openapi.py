@@ -10,6 +10,7 @@ from typing import Any
 from kvserve.frontend.openai.anthropic.messages_openapi import messages_schemas
 from kvserve.frontend.openai.api_requests import CHAT_ROLES, MAX_PROMPTS
 from kvserve.frontend.openai.responses_api.responses_openapi import responses_schemas
+from kvserve.frontend.openai.scoring.score_openapi import RERANK_PATHS, SCORE_PATHS, score_schemas
 from kvserve.frontend.openai.tools import MAX_TOOLS
 from kvserve.seam.limits import (
     MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
@@ -233,6 +234,7 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
         "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
         **messages_schemas(),
         **responses_schemas(),
+        **score_schemas(),
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["message", "type"], "properties": {
                 "message": {"type": "string"}, "type": {"type": "string"},
@@ -294,6 +296,13 @@ def openapi_document(version: str, *, secured: bool, vocab_size: int | None) -> 
         "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest", "ChatCompletion", stream=True, protected=secured),
         "/v1/embeddings": _post("Create embeddings (needs an embedding model: --embedding-model)", "EmbeddingRequest",
                                 "EmbeddingList", stream=False, protected=secured, backend=True),
+        **{path: _post("Score text pairs by the cosine of their embeddings (vLLM's score API; needs an "
+                       "embedding model)", "ScoreRequest", "ScoreList", stream=False, protected=secured, backend=True)
+           for path in SCORE_PATHS},
+        **{path: _post("Rank documents against a query by the cosine of their embeddings (vLLM's, Jina's and "
+                       "Cohere's rerank; needs an embedding model)", "RerankRequest", "RerankResponse",
+                       stream=False, protected=secured, backend=True)
+           for path in RERANK_PATHS},
         "/v1/responses": _post("Create a response (OpenAI's Responses API; streamed as typed events)",
                                "ResponsesRequest", "Response", stream=True, protected=secured),
         "/v1/responses/{response_id}": _stored_response(secured),

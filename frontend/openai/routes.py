@@ -12,6 +12,8 @@ from kvserve.frontend.openai.handlers_openai import create_chat_completion, crea
 from kvserve.frontend.openai.responses_api.handlers_responses import (create_response, delete_response,
                                                                       get_response)
 from kvserve.frontend.openai.responses_api.response_store import RESPONSE_STORE, ResponseStore
+from kvserve.frontend.openai.scoring.handlers_score import create_rerank, create_score
+from kvserve.frontend.openai.scoring.score_openapi import RERANK_PATHS, SCORE_PATHS
 
 
 def add_routes(app: web.Application) -> None:
@@ -24,6 +26,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/messages/count_tokens", count_message_tokens)
     app.router.add_post("/v1/embeddings", create_embeddings)
+    for path in SCORE_PATHS:
+        app.router.add_post(path, create_score)
+    for path in RERANK_PATHS:
+        app.router.add_post(path, create_rerank)
     app.router.add_get("/v1/models", misc.list_models, allow_head=False)
     app.router.add_get("/v1/models/{model}", misc.get_model, allow_head=False)
     app.router.add_get("/health", misc.health, allow_head=False)

@@ -231,3 +231,49 @@ def test_openapi_documents_the_route(served):
     with urllib.request.urlopen(req, timeout=10) as resp:
         doc = json.loads(resp.read())
     assert "/v1/embeddings" in doc["paths"] and "EmbeddingRequest" in doc["components"]["schemas"]
+
+
+def test_score_and_rerank_are_the_cosines_of_the_embeddings(served, st_model):
+    """vLLM's score and rerank APIs on an embedding model: each pair scores the cosine of its two
+    texts' embeddings, here against sentence-transformers' on the same folder."""
+    query = "How do I bake bread at home?"
+    docs = ["Knead the dough, let it rise, then bake it at 220 degrees.", "The stock market fell sharply today.",
+            "Home-made sourdough needs a starter and a lot of time."]
+    ref = st_model.encode([query, *docs], convert_to_numpy=True).astype(np.float64)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    expected = ref[1:] @ ref[0]
+    status, embedded = served.post("/v1/embeddings", {"model": EMBED, "input": [query, *docs]})
+    assert status == 200
+    tokens = embedded["usage"]["prompt_tokens"]
+
+    status, out = served.post("/v1/score", {"model": EMBED, "text_1": query, "text_2": docs})  # 1:N
+    assert status == 200 and out["object"] == "list" and out["model"] == EMBED and out["id"].startswith("score-")
+    assert [(d["index"], d["object"]) for d in out["data"]] == [(0, "score"), (1, "score"), (2, "score")]
+    assert np.allclose([d["score"] for d in out["data"]], expected, atol=1e-5)
+    assert out["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    status, out = served.post("/score", {"text_1": [query, docs[0]], "text_2": [docs[0], docs[0]]})  # N:N
+    assert status == 200 and np.allclose([d["score"] for d in out["data"]], [expected[0], 1.0], atol=1e-5)
+
+    order = [int(i) for i in np.argsort(-expected)]
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        status, out = served.post(path, {"model": EMBED, "query": query, "documents": docs, "top_n": 2})
+        assert status == 200 and out["model"] == EMBED and out["usage"] == {"total_tokens": tokens}
+        assert [r["index"] for r in out["results"]] == order[:2]
+        assert [r["document"]["text"] for r in out["results"]] == [docs[i] for i in order[:2]]
+        assert np.allclose([r["relevance_score"] for r in out["results"]], expected[order[:2]], atol=1e-5)
+    status, out = served.post("/v1/rerank", {"query": query, "documents": docs, "return_documents": False})
+    assert [r["index"] for r in out["results"]] == order and all("document" not in r for r in out["results"])
+
+
+def test_score_and_rerank_refuse_clearly(served):
+    status, out = served.post("/v1/rerank", {"model": CHAT, "query": "q", "documents": ["d"]})
+    assert status == 400 and out["error"]["code"] == "model_not_supported" and "/v1/rerank" in out["error"]["message"]
+    status, out = served.post("/v1/score", {"model": "nope", "text_1": "q", "text_2": "d"})
+    assert status == 404
+    too_long = "bread " * (MAX_TOKENS + 50)
+    status, out = served.post("/v1/score", {"text_1": "q", "text_2": ["d", too_long]})
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded"
+    assert out["error"]["param"] == "truncate_prompt_tokens"
+    status, out = served.post("/v1/score", {"text_1": "q", "text_2": ["d", too_long], "truncate_prompt_tokens": -1})
+    assert status == 200 and len(out["data"]) == 2
+    assert served.post("/v1/embeddings", {"model": EMBED, "input": "still serving"})[0] == 200
