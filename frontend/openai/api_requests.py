@@ -7,6 +7,7 @@ field names, so the engine's own defaults apply to everything else.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,11 @@ class ChatRequest(CommonRequest):
     top_logprobs: int = 0
     add_generation_prompt: bool = True
     tools: ToolRequest | None = None
+    # vLLM's: the final message is left open and the model continues it (a "prefilled" reply)
+    continue_final_message: bool = False
+    # vLLM's: a final assistant message heads the reply (with continue_final_message, the whole message)
+    echo: bool = False
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # vLLM's chat_template_kwargs
 
 
 def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
-    _check_unimplemented_extensions(body, chat=chat)
+    _check_unimplemented_extensions(body)
     constraint = parse_constraint(body)
     if not chat and (body.get("tools") or body.get("functions")):
         raise not_supported("tools", "tool calling in completions")
@@ -104,15 +110,10 @@ _VLLM_UNSUPPORTED = {
     "bad_words": "'bad_words'",
     "truncate_prompt_tokens": "prompt truncation",
 }
-_VLLM_UNSUPPORTED_IN_CHAT = {
-    "continue_final_message": "continuing the final message",
-    "echo": "'echo' in chat",
-}
 
 
-def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None:
-    table = {**_VLLM_UNSUPPORTED, **(_VLLM_UNSUPPORTED_IN_CHAT if chat else {})}
-    for name, what in table.items():
+def _check_unimplemented_extensions(body: dict[str, Any]) -> None:
+    for name, what in _VLLM_UNSUPPORTED.items():
         value = body.get(name)
         unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
         if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
@@ -216,17 +217,63 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None,
     if top_logprobs is not None and not logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
     add_generation_prompt = F.opt_bool(body, "add_generation_prompt")
+    continue_final = bool(F.opt_bool(body, "continue_final_message"))
+    if continue_final:
+        check_continuable(messages, add_generation_prompt)
+    echo = bool(F.opt_bool(body, "echo"))
+    if echo and tools is not None and tools.parses_calls:
+        # the echoed text would be read for tool calls that were made before this request
+        raise bad_request("'echo' cannot be combined with tools the reply is parsed for", param="echo")
     req = ChatRequest(
         **common,
         messages=messages,
         logprobs=logprobs,
         top_logprobs=top_logprobs or 0,
-        add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt,
+        # continuing a message, no new turn is opened unless asked (and asking is refused above)
+        add_generation_prompt=not continue_final if add_generation_prompt is None else add_generation_prompt,
         tools=tools,
+        continue_final_message=continue_final,
+        echo=echo,
+        template_kwargs=template_kwargs(body),
     )
     if logprobs:
         req.sampling["logprobs"] = req.top_logprobs
     return req
+
+
+def check_continuable(messages: list[dict[str, Any]], add_generation_prompt: bool | None) -> None:
+    """`continue_final_message` needs a final message with text to continue, and no new turn."""
+    if add_generation_prompt:
+        raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                          param="continue_final_message")
+    final = messages[-1]
+    if not final["content"].strip() or final.get("tool_calls"):
+        raise bad_request("'continue_final_message' needs a final message with text to continue (and no tool "
+                          "calls)", param="continue_final_message")
+
+
+# Variables the renderer sets itself: chat_template_kwargs may not replace them.
+_TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                           "raise_exception", "strftime_now"})
+MAX_TEMPLATE_KWARGS_CHARS = 16_384
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs`: more variables for the chat template (`enable_thinking`, ...)."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise bad_request("'chat_template_kwargs' must be an object whose keys are template variable names",
+                          param="chat_template_kwargs")
+    own = sorted(_TEMPLATE_OWN & value.keys())
+    if own:
+        raise bad_request(f"'chat_template_kwargs' cannot set {own[0]!r}, which the server sets (use the "
+                          "request's own field)", param="chat_template_kwargs")
+    if len(json.dumps(value)) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise bad_request(f"'chat_template_kwargs' is longer than {MAX_TEMPLATE_KWARGS_CHARS} characters of JSON",
+                          param="chat_template_kwargs")
+    return value
 
 
 def parse_messages(value: Any) -> list[dict[str, Any]]:

@@ -61,10 +61,12 @@ def render_chat(
     bos_token: str | None = None,
     eos_token: str | None = None,
     extra: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
-    """`extra`: more template variables (`tools`, for a template that renders them)."""
+    """`extra`: more template variables (`tools`, for a template that renders them).
+    `continue_final_message`: the text ends with the final message's content, left open."""
     try:
-        return compile_template(template).render(
+        text = compile_template(template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token or "",
@@ -75,3 +77,18 @@ def render_chat(
         raise
     except Exception as exc:  # a template is user code: any failure is a bad conversation, not a 500
         raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+    return end_at_final_message(text, messages[-1]["content"]) if continue_final_message else text
+
+
+def end_at_final_message(text: str, final: str) -> str:
+    """The rendered conversation cut right after the final message's content (what the template
+    closes it with, an end-of-turn token, goes), as transformers' continue_final_message cuts it.
+    Templates often strip a message: its trailing whitespace stays only where it was rendered."""
+    stripped = final.strip()
+    at = text.rfind(stripped) if stripped else -1
+    if at < 0:
+        raise ChatTemplateError("continue_final_message: the chat template does not render the final "
+                                "message's text as given, so there is no place to continue it from")
+    tail = final.lstrip()
+    end = at + (len(tail) if text.startswith(tail, at) else len(stripped))
+    return text[:end]

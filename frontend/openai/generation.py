@@ -51,7 +51,7 @@ class Call:
     chat: bool
     logprobs: bool
     include_usage: bool
-    echo_texts: list[str] | None = None  # completions `echo`: prompt text per prompt
+    echo_texts: list[str] | None = None  # `echo`: prompt text per prompt (chat: the final assistant message)
     constraint_param: str | None = None  # where a structured-output constraint came from
     tools: ToolRequest | None = None  # chat with tools: tool calls are parsed out of the text
     input_param: str | None = None  # the field the prompt came from when not messages/prompt ("input")
@@ -203,7 +203,7 @@ def _received(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_i
 def _take_prompt_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceState], prompt_index: int,
                           delta: ChoiceDelta) -> None:
     part = None
-    if call.echo_texts is not None and call.logprobs:
+    if call.echo_texts is not None and call.logprobs and not call.chat:
         part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
     for state in choices[prompt_index * call.n:(prompt_index + 1) * call.n]:
         state.prompt_entries, state.prompt_lp = delta.prompt_logprobs, part
@@ -300,6 +300,8 @@ class ChunkShaper:
         for state in choices:  # the opening chunk of each choice
             if self.call.chat:
                 await writer.send(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
+                if self.call.echo_texts is not None:  # as vLLM: the echo is a delta of its own, before any token
+                    await writer.send(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]}, None, None))
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
                 state.text_offsets = TextOffsets(len(text))

@@ -11,7 +11,7 @@ from kvserve.frontend.backend_client import LoRAAdapterInfo
 from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, model_not_found, shutting_down
-from kvserve.frontend.openai.api_requests import parse_messages
+from kvserve.frontend.openai.api_requests import check_continuable, parse_messages, template_kwargs
 from kvserve.frontend.openai.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openai.openapi import openapi_document
 
@@ -114,7 +114,11 @@ async def tokenize(request: web.Request) -> web.Response:
     prompt = F.opt_str(body, "prompt", max_len=gateway.config.max_request_body_bytes)
     if body.get("messages") is not None:
         messages = parse_messages(body["messages"])
-        ids = await chat_prompt_ids(gateway, messages, True if add_gen is None else add_gen)
+        continue_final = bool(F.opt_bool(body, "continue_final_message"))
+        if continue_final:
+            check_continuable(messages, add_gen)
+        ids = await chat_prompt_ids(gateway, messages, not continue_final if add_gen is None else add_gen,
+                                    continue_final_message=continue_final, template_kwargs=template_kwargs(body))
     elif prompt is not None:
         ids = await tok.encode_async(prompt, add_special_tokens=True if add_special is None else add_special)
     else:

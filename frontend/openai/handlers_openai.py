@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from aiohttp import web
 
@@ -93,7 +94,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool,
-                          tools: ToolRequest | None = None, param: str = "messages") -> list[int]:
+                          tools: ToolRequest | None = None, param: str = "messages", *,
+                          continue_final_message: bool = False,
+                          template_kwargs: dict[str, Any] | None = None) -> list[int]:
     tok = gateway.require_tokenizer()
     template = gateway.chat_template()
     # tool_choice "none": the tools stay out of the prompt (no call could be read back anyway).
@@ -106,7 +109,8 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
             add_generation_prompt=add_generation_prompt,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
-            extra=extra,
+            extra={**(template_kwargs or {}), **extra},
+            continue_final_message=continue_final_message,
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param=param) from None
@@ -122,7 +126,9 @@ async def prepare_chat(gateway: Gateway, req: ChatRequest, param: str = "message
     the backend ready. `param` names the field the conversation came from in errors."""
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(gateway, req.sampling)
-    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools, param)
+    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools, param,
+                                continue_final_message=req.continue_final_message,
+                                template_kwargs=req.template_kwargs)
     _check_context(gateway, ids, req.sampling, param, fill_default=True)
     await gateway.ensure_ready()
     return model, ids
@@ -134,7 +140,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = parse_chat(body, gateway.vocab_size, gateway.config.tools)
     model, ids = await prepare_chat(gateway, req)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
+    final = req.messages[-1]
+    # vLLM's chat echo heads the reply with the final message when it is the reply's own role
+    echo_texts = [final["content"]] if req.echo and final["role"] == "assistant" else None
     call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
-                constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None)
+                echo_texts=echo_texts, constraint_param=req.constraint_param, tools=req.tools,
+                prompt_logprobs=req.prompt_logprobs is not None)
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

@@ -171,6 +171,12 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "max_completion_tokens": _num(1, integer=True),
             "logprobs": _bool(),
             "top_logprobs": _num(0, MAX_LOGPROBS, integer=True),
+            "add_generation_prompt": {**_bool(), "description": "vLLM extension (default true)"},
+            "continue_final_message": {**_bool(), "description": "vLLM extension: continue the final message "
+                                                                 "(a prefilled reply); not with add_generation_prompt"},
+            "chat_template_kwargs": {"type": "object", "nullable": True,
+                                     "description": "vLLM extension: more chat template variables"},
+            "echo": {**_bool(), "description": "vLLM extension: a final assistant message heads the reply"},
             **_tool_props(),
         }},
         "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
@@ -224,7 +230,8 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
         "TokenizeRequest": {"type": "object", "anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}], "properties": {
             "model": {"type": "string", "nullable": True}, "prompt": {"type": "string"},
             "messages": {"type": "array", "minItems": 1, "items": message, "nullable": True, "description": "wins over prompt"},
-            "add_special_tokens": _bool(), "add_generation_prompt": _bool(), "return_token_strs": _bool()}},
+            "add_special_tokens": _bool(), "add_generation_prompt": _bool(), "return_token_strs": _bool(),
+            "continue_final_message": _bool(), "chat_template_kwargs": {"type": "object", "nullable": True}}},
         "TokenizeResponse": {"type": "object", "required": ["count", "tokens"], "properties": {
             "count": {"type": "integer"}, "max_model_len": {"type": "integer", "nullable": True},
             "tokens": {"type": "array", "items": {"type": "integer"}},

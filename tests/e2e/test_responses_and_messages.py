@@ -193,6 +193,26 @@ def test_messages_stop_sequence_is_reported_and_cut(claude) -> None:
     assert streamed == cut.content[0].text and final.stop_sequence == "Paris"
 
 
+def test_messages_prefill_is_continued_as_chat_and_completions_continue_it(url: str, claude, oai) -> None:
+    """Anthropic's prefill (a final assistant turn) and the chat route's continue_final_message both
+    leave the turn open: the reply goes on from the prefill, as a completion of the open prompt does."""
+    prefill = "The capital of France is"
+    messages = [{"role": "user", "content": FRANCE}, {"role": "assistant", "content": prefill}]
+    text = claude.messages.create(model=MODEL, max_tokens=16, extra_body=GREEDY, messages=messages).content[0].text
+    assert "Paris" in text and prefill not in text  # it continues the sentence, it does not start over
+    chat = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                       extra_body={"continue_final_message": True})
+    assert chat.choices[0].message.content == text
+    echoed = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                         extra_body={"continue_final_message": True, "echo": True})
+    assert echoed.choices[0].message.content == prefill + text  # the whole message, as vLLM's echo gives it
+    status, tokenized = _post(url, "/tokenize", {"model": MODEL, "messages": messages, "continue_final_message": True},
+                              {"Authorization": f"Bearer {KEY}"})
+    assert status == 200
+    completion = oai.completions.create(model=MODEL, prompt=tokenized["tokens"], max_tokens=16, temperature=0)
+    assert completion.choices[0].text == text
+
+
 def _weather_tool() -> dict:
     return {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}
 

@@ -3,7 +3,9 @@ generating route runs: `system` becomes the system message, content blocks becom
 (text, `tool_use` as an assistant's tool calls, `tool_result` as tool messages), `tools` with
 `input_schema` become function tools, and `tool_choice` auto / any / tool / none become auto /
 required / a named function / none. The chat parser then checks every value, as for
-/v1/chat/completions, so the two routes accept and refuse the same sampling values.
+/v1/chat/completions, so the two routes accept and refuse the same sampling values. A final
+assistant turn with text is a prefill: the model continues it (the chat route's
+`continue_final_message`).
 
 Stop sequences are sent with `include_stop_str_in_output`: the engine still does the matching,
 and the gateway takes the matched text off the end to report it as `stop_sequence`
@@ -60,12 +62,24 @@ def parse_messages_request(body: dict[str, Any], vocab_size: int | None,
     stream = bool(F.opt_bool(body, "stream"))
     messages = _system(body.get("system")) + _messages(body.get("messages"))
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": body["max_tokens"]}
+    if _prefilled(messages[-1]):
+        chat["continue_final_message"] = True
     chat.update({name: body[name] for name in _PASSED_THROUGH if body.get(name) is not None})
     if stops:
         chat["stop"] = stops
         chat["include_stop_str_in_output"] = True
     chat.update(_tools(body.get("tools"), body.get("tool_choice")))
     return MessagesRequest(parse_chat(chat, vocab_size, tool_settings), stream, stops)
+
+
+def _prefilled(final: dict[str, Any]) -> bool:
+    """A final assistant turn with text is the start of the reply, which the model continues
+    (Anthropic's prefill); the response holds only what follows it."""
+    if final["role"] != "assistant" or final.get("tool_calls") or not final["content"]:
+        return False
+    if final["content"] != final["content"].rstrip():
+        raise bad_request("final assistant content cannot end with trailing whitespace", param="messages")
+    return True
 
 
 def _check_thinking(value: Any) -> None:

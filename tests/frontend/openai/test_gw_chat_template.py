@@ -30,6 +30,34 @@ def test_render_matches_hf_semantics() -> None:
     assert render_chat(template, msgs, add_generation_prompt=False) == "[user]hi"
 
 
+def test_continue_final_message_cuts_after_the_final_content() -> None:
+    chatml = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure: {"}]
+    assert render_chat(chatml, msgs, add_generation_prompt=False, continue_final_message=True) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nSure: {"
+    # a trailing space the template renders stays; one it trims cannot be continued from
+    spaced = [msgs[0], {"role": "assistant", "content": "The answer is "}]
+    assert render_chat(chatml, spaced, add_generation_prompt=False,
+                       continue_final_message=True).endswith("assistant\nThe answer is ")
+    trimming = "{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}[end]{% endfor %}"
+    assert render_chat(trimming, spaced, add_generation_prompt=False,
+                       continue_final_message=True) == "[user]hi[end][assistant]The answer is"
+    # the final text is found from the end, even where an earlier message holds it too
+    echoed = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+    assert render_chat(trimming, echoed, add_generation_prompt=False, continue_final_message=True) == \
+        "[user]x[end][assistant]x"
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):
+        render_chat("{% for m in messages %}[{{ m.role }}]{% endfor %}", msgs, continue_final_message=True)
+
+
+def test_template_kwargs_reach_the_template() -> None:
+    template = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ messages[0].content }}"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render_chat(template, msgs, extra={"enable_thinking": False}) == "/no_think hi"
+    assert render_chat(template, msgs) == "hi"
+
+
 def test_template_helpers_and_errors() -> None:
     assert render_chat("{{ messages | tojson }}", [{"role": "user", "content": "é"}]) == '[{"role": "user", "content": "é"}]'
     with pytest.raises(ChatTemplateError, match="roles must alternate"):

@@ -119,6 +119,35 @@ def test_chat_non_streaming(client: openai.OpenAI, server) -> None:
     assert out.usage.prompt_tokens == len(prompt)
 
 
+def test_continue_final_message_and_template_kwargs_reach_the_prompt(client: openai.OpenAI, server) -> None:
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Sure: {"}]
+    out = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
+                                         extra_body={"continue_final_message": True,
+                                                     "chat_template_kwargs": {"unused_by_this_template": 1}})
+    assert out.choices[0].message.content == words(0, 2)  # only what follows the prefill
+    text = server.tokenizer.decode(server.backend.requests[-1].prompt, skip_special_tokens=False)
+    assert text == "<s><|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nSure: {"  # left open
+    tokenized = post(f"{server.url}/tokenize", {"messages": msgs, "continue_final_message": True}).json()
+    assert tokenized["tokens"] == server.backend.requests[-1].prompt
+    refused = post(f"{server.url}/tokenize", {"messages": msgs, "continue_final_message": True,
+                                               "add_generation_prompt": True})
+    assert refused.status == 400 and refused.json()["error"]["param"] == "continue_final_message"
+
+
+def test_chat_echo_heads_the_reply_with_the_final_assistant_message(client: openai.OpenAI) -> None:
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Sure: {"}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=2, extra_body={"continue_final_message": True, "echo": True})
+    out = client.chat.completions.create(**kw)
+    assert out.choices[0].message.content == "Sure: {" + words(0, 2)  # the whole message
+    assert out.usage.completion_tokens == 2  # the echo is no generated token
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert deltas[:2] == ["", "Sure: {"] and "".join(d or "" for d in deltas) == out.choices[0].message.content
+    # the final message is the user's: nothing of the reply's own role to echo
+    plain = client.chat.completions.create(model="tiny", messages=msgs[:1], max_tokens=2, extra_body={"echo": True})
+    assert plain.choices[0].message.content == words(0, 2)
+
+
 def test_chat_streaming_shapes(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=2, stream=True,

@@ -5,6 +5,7 @@ import pytest
 
 from kvserve.frontend.openai.api_errors import ApiError
 from kvserve.frontend.openai.api_requests import parse_chat, parse_completion
+from kvserve.frontend.openai.tools import ToolSettings
 
 
 def bad(fn, body, vocab=None) -> ApiError:
@@ -124,12 +125,40 @@ def test_prompt_logprobs_as_vllm_takes_them() -> None:
                             None).sampling["prompt_logprobs"] == 4
 
 
-def test_chat_only_extensions_are_refused_in_chat() -> None:
+def test_chat_echo_as_vllm_takes_it() -> None:
     msgs = [{"role": "user", "content": "x"}]
-    for field in ("continue_final_message", "echo"):
-        assert bad(parse_chat, {"messages": msgs, field: True}).param == field
-        assert parse_chat({"messages": msgs, field: False}, None).messages == msgs
-    assert parse_completion({"prompt": "x", "echo": True}, None).echo  # completions' echo is supported
+    assert parse_chat({"messages": msgs, "echo": True}, None).echo
+    assert not parse_chat({"messages": msgs, "echo": False}, None).echo
+    assert bad(parse_chat, {"messages": msgs, "echo": "yes"}).param == "echo"
+    # echoed text would be read for tool calls: refused with tools that are parsed (not with "none")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    settings = ToolSettings(auto=True, parser="hermes")
+    assert bad(lambda b, v: parse_chat(b, v, settings), {"messages": msgs, "echo": True, "tools": tools}).param == "echo"
+    assert parse_chat({"messages": msgs, "echo": True, "tools": tools, "tool_choice": "none"}, None, settings).echo
+
+
+def test_continue_final_message_as_vllm_takes_it() -> None:
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]
+    req = parse_chat({"messages": msgs, "continue_final_message": True}, None)
+    assert req.continue_final_message and not req.add_generation_prompt  # no new turn by default
+    assert not parse_chat({"messages": msgs}, None).continue_final_message
+    for body in ({"add_generation_prompt": True},  # vLLM refuses both
+                 {"messages": msgs[:1] + [{"role": "assistant", "content": " "}]},  # nothing to continue
+                 {"messages": msgs[:1] + [{"role": "assistant", "content": "a", "tool_calls": [
+                     {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}):
+        assert bad(parse_chat, {"messages": msgs, "continue_final_message": True, **body}).param == \
+            "continue_final_message"
+    assert bad(parse_chat, {"messages": msgs, "continue_final_message": "yes"}).param == "continue_final_message"
+
+
+def test_chat_template_kwargs_are_template_variables() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    kwargs = {"enable_thinking": False, "documents": [{"title": "t", "text": "d"}]}
+    assert parse_chat({"messages": msgs, "chat_template_kwargs": kwargs}, None).template_kwargs == kwargs
+    assert parse_chat({"messages": msgs}, None).template_kwargs == {}
+    for value in ([1], "x", {"not a name": 1}, {"messages": []}, {"add_generation_prompt": False},
+                  {"big": "x" * 20_000}):
+        assert bad(parse_chat, {"messages": msgs, "chat_template_kwargs": value}).param == "chat_template_kwargs"
 
 
 def test_unknown_fields_are_ignored() -> None:

@@ -71,6 +71,22 @@ def test_tool_use_and_tool_result_blocks_become_the_chat_conversation(claude, se
     assert "<tool_response>\n22 C\n</tool_response>" in prompt
 
 
+def test_a_final_assistant_turn_is_a_prefill_the_model_continues(claude, server) -> None:
+    messages = HELLO + [{"role": "assistant", "content": [{"type": "text", "text": "Here is the JSON: {"}]}]
+    out = claude.messages.create(model="tiny", max_tokens=2, messages=messages)
+    assert out.content[0].text == words(0, 2)  # only what follows the prefill, as Anthropic answers
+    prompt = server.tokenizer.decode(server.backend.requests[-1].prompt, skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\nHere is the JSON: {")  # the turn left open
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        claude.messages.create(model="tiny", max_tokens=2, messages=HELLO + [{"role": "assistant", "content": "Hi "}])
+    # a final assistant turn that is only a tool call is no prefill: a new turn follows it
+    tool_turn = HELLO + [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f",
+                                                            "input": {}}]}]
+    claude.messages.create(model="tiny", max_tokens=2, messages=tool_turn)
+    prompt = server.tokenizer.decode(server.backend.requests[-1].prompt, skip_special_tokens=False)
+    assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
 @pytest.mark.parametrize("body, status, fragment", [
     ({"model": "tiny", "messages": HELLO}, 400, "max_tokens"),
     ({"model": "tiny", "max_tokens": 2}, 400, "messages"),
