@@ -8,6 +8,7 @@ MAX_STOP = 64              # stop strings, and stop token ids
 MAX_STOP_CHARS = 256       # characters per stop string
 MAX_LOGIT_BIAS = 1024      # entries of logit_bias
 MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_ALLOWED_TOKEN_IDS = 1 << 18  # entries of allowed_token_ids (a vocabulary of 262k)
 MAX_TIMEOUT_S = 86400.0    # a request's `timeout`, seconds from arrival
 MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements
 # Every integer a client sets fits in an int64 (as in vLLM): beyond it a value cannot be a span

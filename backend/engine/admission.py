@@ -47,6 +47,8 @@ def precheck(prompt: str | list[int], params: SamplingParams, limits: PromptLimi
     if not prompt:
         raise invalid("prompt", "must not be empty")
     params.check_vocab(limits.vocab_size)
+    if params.truncate_prompt_tokens is not None:
+        return  # cut to fit after tokenizing
     if isinstance(prompt, str):
         if limits.too_many_chars(len(prompt)):
             raise _too_long(f"the prompt has {len(prompt)} characters, more than fit in this model's maximum "
@@ -56,8 +58,9 @@ def precheck(prompt: str | list[int], params: SamplingParams, limits: PromptLimi
 
 
 def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
-          encode: Callable[[str], list[int]]) -> AdmittedPrompt:
-    """Validate a prompt against the model (RequestError names the field) and tokenize it."""
+          encode: Callable[..., list[int]]) -> AdmittedPrompt:
+    """Validate a prompt against the model (RequestError names the field) and tokenize it (with
+    `encode(text)`; bad words with `encode(word, add_special_tokens=False)`)."""
     precheck(prompt, params, limits)
     if isinstance(prompt, str):
         ids = encode(prompt)
@@ -69,8 +72,20 @@ def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
             raise invalid("prompt", f"token ids must be integers in [0, {limits.vocab_size})")
     if not ids:
         raise invalid("prompt", "must not be empty")
+    if params.truncate_prompt_tokens is not None:
+        ids = ids[-_kept_tokens(params, limits):]  # the end of a prompt is what the reply follows
     _check_length(len(ids), params, limits)
+    if params.bad_words:
+        params.tokenize_bad_words(encode)
     return AdmittedPrompt(ids, text)
+
+
+def _kept_tokens(params: SamplingParams, limits: PromptLimits) -> int:
+    """truncate_prompt_tokens as a count: -1 keeps as many as fit beside max_tokens (vLLM's -1, the
+    model's whole length, would leave no room for a token)."""
+    if params.truncate_prompt_tokens == -1:
+        return max(1, limits.max_model_len - (params.max_tokens or 1))
+    return params.truncate_prompt_tokens  # type: ignore[return-value]
 
 
 def _check_length(num_tokens: int, params: SamplingParams, limits: PromptLimits) -> None:

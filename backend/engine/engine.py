@@ -252,9 +252,11 @@ class LLMEngine:
         self.generation_tokens_total += len(sampled) - len(refused) + num_extra
         for parent_id in dict.fromkeys(refused):
             touched.pop(parent_id, None)
-            out = self.fail(parent_id, "structured_outputs: the constraint allowed no token here "
-                                       "(min_tokens, logit_bias or ignore_eos conflict with it)",
-                            ErrorKind.INVALID, "structured_outputs")
+            field_name = ("structured_outputs" if self.groups[parent_id].params.structured_outputs is not None
+                          else "allowed_token_ids")
+            out = self.fail(parent_id, f"{field_name}: the constraint allowed no token here "
+                                       "(min_tokens, logit_bias, bad_words or ignore_eos conflict with it)",
+                            ErrorKind.INVALID, field_name)
             if out is not None:
                 outputs.append(out)
         for parent_id, deltas in touched.items():

@@ -29,7 +29,7 @@ class SamplingRow:
     eos_ids: frozenset[int]
 
 
-NO_TOKEN = -1  # a constrained row where nothing was allowed
+NO_TOKEN = -1  # a constrained row (a grammar, allowed_token_ids) where nothing was allowed
 
 
 @dataclass(slots=True)
@@ -147,6 +147,22 @@ def draw_row(scaled: torch.Tensor, row: SamplingRow) -> int:
     return int(_draw(scaled, [row])[0])
 
 
+def _apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """vLLM's allowed_token_ids (every other id masked) and bad_words (a word's last token masked
+    where the output ends with the rest of the word), in place, to -inf."""
+    for i, r in enumerate(rows):
+        p = r.params
+        if p.allowed_token_ids is not None:
+            keep = logits[i, p.allowed_token_ids].clone()
+            logits[i].fill_(float("-inf"))
+            logits[i, p.allowed_token_ids] = keep
+        if p.bad_words_token_ids:
+            banned = [w[-1] for w in p.bad_words_token_ids
+                      if len(w) == 1 or (len(r.output_ids) >= len(w) - 1 and r.output_ids[len(r.output_ids) - len(w) + 1:] == w[:-1])]
+            if banned:
+                logits[i, banned] = float("-inf")
+
+
 class Sampler:
     @torch.inference_mode()  # the logits are the forward pass's inference tensor, updated in place
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
@@ -164,6 +180,7 @@ class Sampler:
         if constrain is not None:
             constrain(logits)
         self._bias_and_min_tokens(logits, rows)
+        _apply_bans(logits, rows)
         _apply_penalties(logits, rows)
 
         flags = [r.params.greedy for r in rows]
@@ -175,7 +192,7 @@ class Sampler:
                                  device=logits.device)
             sampled = _draw(_filter(logits.div_(temps[:, None]), rows), rows)  # greedy rows: divided by 1
             token_ids = sampled if token_ids is None else torch.where(greedy, token_ids, sampled)
-        if constrain is not None:
+        if constrain is not None or any(r.params.allowed_token_ids is not None for r in rows):
             token_ids = torch.where(torch.isinf(logits).all(dim=-1), NO_TOKEN, token_ids)
         return self._package(token_ids.tolist(), raw_logprobs, rows)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from kvserve.backend.structured import GrammarSpec, parse_spec
 from kvserve.seam.error_wire import invalid
-from kvserve.seam.limits import (INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N,
-                                 MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
+from kvserve.seam.limits import (INT64_MAX, INT64_MIN, MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE,
+                                 MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
 
 
 @dataclass(slots=True)
@@ -38,18 +38,28 @@ class SamplingParams:
     # prefix-cache hits: a cached position's logits are never computed.
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's: sampling only among these ids (None: all)
+    allowed_token_ids: list[int] | None = None
+    # vLLM's: these words are never generated. Admission tokenizes each (as written and after a
+    # space) into `bad_words_token_ids`; a one-token word is banned always, a longer one's last
+    # token when the output ends with the rest of it.
+    bad_words: list[str] = field(default_factory=list)
+    # vLLM's: keep only the prompt's last k tokens (-1: as many as fit beside max_tokens)
+    truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     timeout: float | None = None  # seconds from arrival; the request ends with finish_reason "abort"
     # vLLM's StructuredOutputsParams ({"json": schema} | {"regex": ...} | ...): see structured/spec.py
     structured_outputs: dict[str, Any] | None = None
     grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)  # set at admission
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
         self.logit_bias = {int(k): v for k, v in (self.logit_bias or {}).items()} if _is_int_keyed(
             self.logit_bias) else self.logit_bias
         self._validate()
@@ -90,6 +100,18 @@ class SamplingParams:
             if not _is_int(token) or token < 0:
                 raise invalid("logit_bias", "token ids must be non-negative integers")
             _float_in("logit_bias", bias, -MAX_LOGIT_BIAS_VALUE, MAX_LOGIT_BIAS_VALUE)
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, list) or not 0 < len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS
+                or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            raise invalid("allowed_token_ids", f"must be a list of 1 to {MAX_ALLOWED_TOKEN_IDS} non-negative integers")
+        if len(self.bad_words) > MAX_STOP or not all(
+                isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_CHARS for w in self.bad_words):
+            raise invalid("bad_words", f"must be a list of at most {MAX_STOP} words of 1 to {MAX_STOP_CHARS} "
+                                       "characters (not only spaces)")
+        if self.truncate_prompt_tokens is not None and (
+                not _is_int(self.truncate_prompt_tokens) or self.truncate_prompt_tokens == 0
+                or self.truncate_prompt_tokens < -1):
+            raise invalid("truncate_prompt_tokens", "must be -1 or a positive integer")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise invalid("cache_salt", "must be a non-empty string")
         if self.timeout is not None:
@@ -114,6 +136,21 @@ class SamplingParams:
         for t in self.logit_bias:
             if t >= vocab_size:
                 raise invalid("logit_bias", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
+        if self.allowed_token_ids is not None and max(self.allowed_token_ids) >= vocab_size:
+            raise invalid("allowed_token_ids", f"a token id is outside the vocabulary (0..{vocab_size - 1})")
+
+    def tokenize_bad_words(self, encode: Callable[..., list[int]]) -> None:
+        """`bad_words_token_ids`, as vLLM forms them: each word as written (leading spaces dropped)
+        and, where it tokenizes differently but to as many tokens, after a space."""
+        out: list[list[int]] = []
+        for word in self.bad_words:
+            bare = encode(word.lstrip(), add_special_tokens=False)
+            if bare:
+                out.append(bare)
+            spaced = encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and bare and spaced[0] != bare[0] and len(spaced) == len(bare):
+                out.append(spaced)
+        self.bad_words_token_ids = out
 
     @classmethod
     def from_dict(cls, data: Any) -> "SamplingParams":

@@ -36,11 +36,13 @@ class SpecDecodeCounters:
 
 
 def needs_position_state(params) -> bool:
-    """Whether sampling a position depends on the tokens emitted before it (penalties, min_tokens)
-    or needs more than the token (logprobs, bias): then the engine verifies position by position
-    through the plain sampler (engine.py `_verify_per_position`) rather than all rows at once.
+    """Whether sampling a position depends on the tokens emitted before it (penalties, min_tokens,
+    bad words) or needs more than the token (logprobs, bias, allowed ids): then the engine verifies
+    position by position through the plain sampler (engine.py `_verify_per_position`) rather than
+    all rows at once.
     A grammar needs it too; the engine knows which requests have a matcher."""
     return (params.logprobs is not None or bool(params.logit_bias) or params.min_tokens > 0
+            or params.allowed_token_ids is not None or bool(params.bad_words)
             or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0)
 

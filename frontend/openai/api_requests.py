@@ -17,7 +17,8 @@ from kvserve.frontend.openai.api_errors import bad_request, not_supported
 from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
 from kvserve.frontend.openai.structured_request import parse_constraint
 from kvserve.frontend.openai.tools import ToolRequest, ToolSettings, parse_tools, tool_constraint
-from kvserve.seam.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S
+from kvserve.seam.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
+                                 MAX_TIMEOUT_S)
 
 MAX_PROMPTS = 256
 MAX_CHOICES = 1024
@@ -106,9 +107,6 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
 # each is refused when set to anything but its default (None, false, empty).
 _VLLM_UNSUPPORTED = {
     "use_beam_search": "beam search",
-    "allowed_token_ids": "'allowed_token_ids'",
-    "bad_words": "'bad_words'",
-    "truncate_prompt_tokens": "prompt truncation",
 }
 
 
@@ -146,6 +144,12 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         # engine ends the request with a "timeout" error and frees its blocks.
         "timeout": F.opt_number(body, "timeout", 0.0, MAX_TIMEOUT_S, lo_open=True),
     }
+    values.update(_vocabulary_bans(body, vocab_size))
+    truncate = F.opt_int(body, "truncate_prompt_tokens", -1)
+    if truncate == 0:
+        raise bad_request("'truncate_prompt_tokens' must be -1 (as many as fit) or >= 1",
+                          param="truncate_prompt_tokens")
+    values["truncate_prompt_tokens"] = truncate
     if body.get("stop_token_ids") is not None:
         values["stop_token_ids"] = F.token_ids(body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)
         if len(values["stop_token_ids"]) > MAX_STOP:
@@ -156,6 +160,21 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         raise bad_request("'min_tokens' must not exceed 'max_tokens'", param="min_tokens")
     s.update({k: v for k, v in values.items() if v is not None})
     return s
+
+
+def _vocabulary_bans(body: dict[str, Any], vocab_size: int | None) -> dict[str, Any]:
+    """vLLM's allowed_token_ids and bad_words, checked as the engine checks them."""
+    out: dict[str, Any] = {}
+    if body.get("allowed_token_ids") is not None:
+        out["allowed_token_ids"] = F.token_ids(body["allowed_token_ids"], "allowed_token_ids", vocab_size)
+        if len(out["allowed_token_ids"]) > MAX_ALLOWED_TOKEN_IDS:
+            raise bad_request(f"'allowed_token_ids' has more than {MAX_ALLOWED_TOKEN_IDS} entries",
+                              param="allowed_token_ids")
+    bad_words = F.opt_str_or_list(body, "bad_words", max_items=MAX_STOP, max_len=MAX_STOP_CHARS)
+    if bad_words is not None and any(not w.strip() for w in bad_words):
+        raise bad_request("each 'bad_words' entry must hold more than spaces", param="bad_words")
+    out["bad_words"] = bad_words
+    return out
 
 
 def parse_completion(body: dict[str, Any], vocab_size: int | None) -> CompletionRequest:
@@ -169,6 +188,9 @@ def parse_completion(body: dict[str, Any], vocab_size: int | None) -> Completion
     if len(prompts) * common["n"] > MAX_CHOICES:
         raise bad_request(f"prompts x n must not exceed {MAX_CHOICES}", param="n")
     logprobs = F.opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+    if echo and "truncate_prompt_tokens" in common["sampling"]:
+        # the echo is the prompt as sent; the engine would have read only its end
+        raise bad_request("'echo' cannot be combined with 'truncate_prompt_tokens'", param="echo")
     req = CompletionRequest(**common, prompts=prompts, echo=echo, echo_only=echo_only, logprobs=logprobs)
     if logprobs is not None:
         req.sampling["logprobs"] = logprobs

@@ -35,14 +35,26 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
     limit = gateway.config.max_model_len
     if limit is None:
         return
+    prompt_len = _kept_prompt_len(len(prompt_ids), sampling, limit)
     if "max_tokens" not in sampling:
         if not fill_default:
             return
-        if len(prompt_ids) >= limit:
-            raise _context_error(len(prompt_ids), 1, limit, param)
-        sampling["max_tokens"] = limit - len(prompt_ids)
-    elif len(prompt_ids) + sampling["max_tokens"] > limit:
-        raise _context_error(len(prompt_ids), sampling["max_tokens"], limit, param)
+        if prompt_len >= limit:
+            raise _context_error(prompt_len, 1, limit, param)
+        sampling["max_tokens"] = limit - prompt_len
+    elif prompt_len + sampling["max_tokens"] > limit:
+        raise _context_error(prompt_len, sampling["max_tokens"], limit, param)
+
+
+def _kept_prompt_len(num_tokens: int, sampling: dict, limit: int) -> int:
+    """The prompt's length after `truncate_prompt_tokens`, as the engine's admission cuts it
+    (-1: as many as fit beside max_tokens, or beside one token when max_tokens is to be filled)."""
+    keep = sampling.get("truncate_prompt_tokens")
+    if keep is None:
+        return num_tokens
+    if keep == -1:
+        keep = max(1, limit - sampling.get("max_tokens", 1))
+    return min(num_tokens, keep)
 
 
 def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:

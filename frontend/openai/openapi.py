@@ -13,7 +13,8 @@ from kvserve.frontend.openai.responses_api.responses_openapi import responses_sc
 from kvserve.frontend.openai.scoring.score_openapi import RERANK_PATHS, SCORE_PATHS, score_schemas
 from kvserve.frontend.openai.tools import MAX_TOOLS
 from kvserve.seam.limits import (
-    MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S,
+    MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
+    MAX_TIMEOUT_S,
 )
 from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 
@@ -82,6 +83,14 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "prompt_logprobs": {**_num(0, MAX_LOGPROBS, integer=True),
                             "description": "vLLM extension: list each prompt token's logprob and the top k; "
                                            "not with stream"},
+        "allowed_token_ids": {"type": "array", "minItems": 1, "maxItems": MAX_ALLOWED_TOKEN_IDS, "items": token_id,
+                              "nullable": True, "description": "vLLM extension: sample only among these ids"},
+        "bad_words": {"type": "array", "maxItems": MAX_STOP, "nullable": True,
+                      "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS, "pattern": "\\S"},
+                      "description": "vLLM extension: words never generated"},
+        "truncate_prompt_tokens": {**_num(-1, integer=True), "not": {"enum": [0]},
+                                   "description": "vLLM extension: read only the prompt's last N tokens "
+                                                  "(-1: as many as fit beside max_tokens)"},
     }
 
 

@@ -153,3 +153,22 @@ def test_prompt_logprobs_as_vllm_lists_them(client) -> None:
         client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=1, stream=True,
                                        extra_body={"prompt_logprobs": 1})
     assert info.value.body["param"] == "prompt_logprobs"
+
+
+def test_bad_words_allowed_token_ids_and_prompt_truncation(client) -> None:
+    """vLLM's sampling extensions on the real model: a banned word never comes, only allowed ids
+    come, and a truncated prompt is read from its end (usage counts what was read)."""
+    free = _chat(client, FRANCE, temperature=0, max_tokens=32).choices[0].message.content
+    assert "Paris" in free
+    banned = _chat(client, FRANCE, temperature=0, max_tokens=32, extra_body={"bad_words": ["Paris"]})
+    assert "Paris" not in banned.choices[0].message.content
+    yes_no = _tokenize(client, " yes") + _tokenize(client, " no")
+    out = client.completions.create(model=MODEL, prompt="Is Paris in France? Answer:", max_tokens=3, temperature=0,
+                                    extra_body={"allowed_token_ids": yes_no})
+    assert set(out.choices[0].text.split()) <= {"yes", "no"} and out.usage.completion_tokens == 3
+    long_prompt = "Some words that do not matter. " * 40 + "The capital of France is"
+    cut = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=8, temperature=0,
+                                    extra_body={"truncate_prompt_tokens": 6})
+    tail = client.completions.create(model=MODEL, prompt=_tokenize(client, long_prompt)[-6:], max_tokens=8,
+                                     temperature=0)
+    assert cut.usage.prompt_tokens == 6 and cut.choices[0].text == tail.choices[0].text

@@ -122,3 +122,39 @@ def test_never_exceeds_max_model_len(llama_dir):
     out = small.generate(list(range(3, 33)), SamplingParams(max_tokens=None, ignore_eos=True))[0]
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 40
     assert out.outputs[0].finish_reason == "length"
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(llm):
+    prompt = list(range(3, 303))  # longer than max_model_len (256)
+    greedy = dict(max_tokens=8, temperature=0, ignore_eos=True)
+    cut = llm.generate(prompt, SamplingParams(truncate_prompt_tokens=40, **greedy))[0]
+    tail = llm.generate(prompt[-40:], SamplingParams(**greedy))[0]
+    assert cut.prompt_token_ids == prompt[-40:] and cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    fit = llm.generate(prompt, SamplingParams(truncate_prompt_tokens=-1, **greedy))[0]  # as many as fit
+    assert fit.prompt_token_ids == prompt[-(256 - 8):]
+    text = llm.generate("Once upon a time there was a small dog", SamplingParams(truncate_prompt_tokens=3, **greedy))[0]
+    assert len(text.prompt_token_ids) == 3
+    with pytest.raises(ValueError, match="^truncate_prompt_tokens"):
+        SamplingParams(truncate_prompt_tokens=0)
+    assert _all_free(llm)
+
+
+def test_allowed_token_ids_and_bad_words(llm):
+    greedy = dict(max_tokens=12, temperature=0, ignore_eos=True)
+    allowed = [11, 12, 13, 14]
+    for params in (SamplingParams(allowed_token_ids=allowed, **greedy),
+                   SamplingParams(allowed_token_ids=allowed, max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)):
+        assert set(llm.generate("Once upon a time", params)[0].outputs[0].token_ids) <= set(allowed)
+    with pytest.raises(ValueError, match="^allowed_token_ids"):
+        llm.generate("hi", SamplingParams(allowed_token_ids=[10**6]))
+    base = llm.generate("Once upon a time", SamplingParams(**greedy))[0].outputs[0]
+    tok = llm.get_tokenizer()
+    word_id = next(t for t in base.token_ids if tok.decode([t]).strip().isalpha())  # " and", say
+    params = SamplingParams(bad_words=[tok.decode([word_id]).strip()], **greedy)
+    out = llm.generate("Once upon a time", params)[0].outputs[0]
+    assert [word_id] in params.bad_words_token_ids  # tokenized at admission, with the space form
+    for banned in params.bad_words_token_ids:
+        k = len(banned)
+        assert all(out.token_ids[i:i + k] != banned for i in range(len(out.token_ids) - k + 1))
+    assert out.token_ids != base.token_ids
+    assert _all_free(llm)

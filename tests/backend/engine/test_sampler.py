@@ -129,3 +129,31 @@ def test_a_constrained_row_left_without_tokens_gets_no_token_when_sampling(draw_
         logits[0] = float("-inf")
     got = Sampler()(_logits([1.0, 2.0], [1.0, 2.0]), [_row(temperature=1.0), _row(temperature=1.0)], ban_all)
     assert got[0].token_id == NO_TOKEN and got[1].token_id in (0, 1)
+
+
+def test_allowed_token_ids_leave_only_those():
+    logits = _logits([5.0, 1.0, 2.0, 0.5])
+    assert Sampler()(logits.clone(), [_row(temperature=0, allowed_token_ids=[1, 3])])[0].token_id == 1
+    drawn = {Sampler()(logits.clone(), [_row(temperature=1.0, allowed_token_ids=[2, 3])])[0].token_id
+             for _ in range(100)}
+    assert drawn == {2, 3}
+    # nothing allowed is left (the only allowed id is the EOS that min_tokens bans): no token, not a guess
+    got = Sampler()(logits.clone(), [_row(temperature=0, allowed_token_ids=[0], min_tokens=1)])
+    assert got[0].token_id == NO_TOKEN
+
+
+def test_bad_words_ban_a_word_where_its_prefix_was_just_generated():
+    params = SamplingParams(temperature=0, bad_words=["x"])
+    params.bad_words_token_ids = [[2], [1, 3]]  # a one-token word, and a two-token one
+    logits = _logits([0.0, 1.0, 5.0, 4.0])
+    row = SamplingRow(params, [1], [], None, frozenset())
+    assert Sampler()(logits.clone(), [row])[0].token_id == 3  # 2 is banned everywhere; 3 only after 1
+    row = SamplingRow(params, [1], [0, 1], None, frozenset())
+    assert Sampler()(logits.clone(), [row])[0].token_id == 1  # after 1, the word's 3 is banned too
+
+
+def test_bad_words_are_tokenized_as_written_and_after_a_space():
+    vocab = {"foo": [7], " foo": [8], "a b": [1, 2], " a b": [3, 4], "zz": [5, 6], " zz": [5, 6]}
+    params = SamplingParams(bad_words=["foo", " a b", "zz"])
+    params.tokenize_bad_words(lambda text, add_special_tokens=True: vocab[text])
+    assert params.bad_words_token_ids == [[7], [8], [1, 2], [3, 4], [5, 6]]  # " zz" is the same tokens

@@ -1,5 +1,5 @@
 """Speculation for requests whose sampling carries per-position state: logprobs, repetition /
-presence / frequency penalties, logit_bias, min_tokens and n > 1. Each verified position is
+presence / frequency penalties, logit_bias, allowed_token_ids, bad_words, min_tokens and n > 1. Each verified position is
 sampled as plain decoding would sample it after the accepted drafts before it, so the tokens
 equal plain decoding's and so do the logprobs (within 1e-5: the forward scores a multi-token
 query, whose rounding differs a little from a one-token one).
@@ -34,6 +34,8 @@ CASES = {
                                        repetition_penalty=1.05, logprobs=2),
     "n2_sampled": dict(temperature=0.5, top_k=5, seed=3, n=2, ignore_eos=True, frequency_penalty=0.05),
     "n3_greedy_logprobs": dict(temperature=0, n=3, ignore_eos=True, logprobs=1),
+    "allowed_token_ids": dict(temperature=0, ignore_eos=True, allowed_token_ids=list(range(0, 512, 2))),
+    "bad_words": dict(temperature=0, ignore_eos=True, bad_words=["the", "a", "one"]),
 }
 
 
@@ -72,7 +74,7 @@ def test_stateful_requests_speculate_and_equal_plain_decoding(pair, case):
     assert kv.num_free_blocks == kv.num_usable_blocks and not spec.engine.groups
 
 
-@pytest.mark.parametrize("case", ["repetition", "presence_frequency", "logit_bias"])
+@pytest.mark.parametrize("case", ["repetition", "presence_frequency", "logit_bias", "allowed_token_ids", "bad_words"])
 def test_the_state_changes_the_output(pair, case):
     """The cases above are not vacuous: their state changes what plain greedy decoding emits,
     so verification that ignored it (or the drafts accepted before a position) would differ."""

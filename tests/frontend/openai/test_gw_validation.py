@@ -101,8 +101,7 @@ def test_unsupported_chat_features() -> None:
 
 @pytest.mark.parametrize("field, value", [
     ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
-    ("use_beam_search", True),
-    ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("truncate_prompt_tokens", 8)])
+    ("use_beam_search", True)])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.
     msgs = [{"role": "user", "content": "x"}]
@@ -110,6 +109,24 @@ def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value)
         err = bad(parse, {**body, field: value})
         assert err.param == field and err.code == "unsupported_parameter"
         assert parse({**body, field: None}, None)  # the default value is accepted
+
+
+def test_allowed_token_ids_bad_words_and_truncation_as_vllm_takes_them() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    for parse, body in ((parse_completion, {"prompt": "x"}), (parse_chat, {"messages": msgs})):
+        req = parse({**body, "allowed_token_ids": [3, 5], "bad_words": ["foo", " bar baz"],
+                     "truncate_prompt_tokens": 8}, 100)
+        assert (req.sampling["allowed_token_ids"], req.sampling["bad_words"], req.sampling["truncate_prompt_tokens"]) \
+            == ([3, 5], ["foo", " bar baz"], 8)
+        assert parse({**body, "truncate_prompt_tokens": -1}, 100).sampling["truncate_prompt_tokens"] == -1
+        for field, value in (("allowed_token_ids", []), ("allowed_token_ids", [100]), ("allowed_token_ids", ["1"]),
+                             ("bad_words", ["  "]), ("bad_words", [""]), ("bad_words", [1]), ("bad_words", ["w"] * 65),
+                             ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2),
+                             ("truncate_prompt_tokens", 1.5)):
+            assert bad(parse, {**body, field: value}, 100).param == field, (field, value)
+        assert "bad_words" not in parse({**body, "bad_words": None}, 100).sampling
+    # the echo is the prompt as sent, which a truncated request did not read whole
+    assert bad(parse_completion, {"prompt": "x", "echo": True, "truncate_prompt_tokens": 4}).param == "echo"
 
 
 def test_prompt_logprobs_as_vllm_takes_them() -> None:
