@@ -153,9 +153,12 @@ def _apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, r in enumerate(rows):
         p = r.params
         if p.allowed_token_ids is not None:
-            keep = logits[i, p.allowed_token_ids].clone()
+            if p.allowed_index is None or p.allowed_index.device != logits.device:
+                # once per request, not per step: a list of 100k ids takes milliseconds to convert
+                p.allowed_index = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=logits.device)
+            keep = logits[i, p.allowed_index]
             logits[i].fill_(float("-inf"))
-            logits[i, p.allowed_token_ids] = keep
+            logits[i, p.allowed_index] = keep
         if p.bad_words_token_ids:
             banned = [w[-1] for w in p.bad_words_token_ids
                       if len(w) == 1 or (len(r.output_ids) >= len(w) - 1 and r.output_ids[len(r.output_ids) - len(w) + 1:] == w[:-1])]

@@ -53,6 +53,7 @@ class SamplingParams:
     structured_outputs: dict[str, Any] | None = None
     grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)  # set at admission
+    allowed_index: Any = field(default=None, init=False, repr=False)  # allowed_token_ids as the sampler's tensor
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
