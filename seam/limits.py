@@ -3,6 +3,7 @@ the client's own field names before a round trip)."""
 from __future__ import annotations
 
 MAX_N = 16                 # choices per prompt
+DEFAULT_MAX_TOKENS = 16    # max_tokens when a completion sets none (OpenAI's and vLLM's default)
 MAX_LOGPROBS = 20          # top alternatives per token
 MAX_STOP = 64              # stop strings, and stop token ids
 MAX_STOP_CHARS = 256       # characters per stop string

@@ -11,14 +11,14 @@ from typing import Any, Callable
 
 from kvserve.backend.structured import GrammarSpec, parse_spec
 from kvserve.seam.error_wire import invalid
-from kvserve.seam.limits import (INT64_MAX, INT64_MIN, MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE,
-                                 MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
+from kvserve.seam.limits import (DEFAULT_MAX_TOKENS, INT64_MAX, INT64_MIN, MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS,
+                                 MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
 
 
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0

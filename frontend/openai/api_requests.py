@@ -36,6 +36,8 @@ class CommonRequest:
     user: str | None
     constraint_param: str | None  # the field a structured-output constraint came from
     prompt_logprobs: int | None  # vLLM's extension: the prompt's logprobs in the response, top k each
+    return_token_ids: bool  # vLLM's: the prompt's and each choice's token ids beside the text
+    tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
 
 
 @dataclass(slots=True)
@@ -99,6 +101,8 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "user": F.opt_str(body, "user", max_len=256),
         "constraint_param": constraint.param if constraint is not None else None,
         "prompt_logprobs": prompt_logprobs,
+        "return_token_ids": bool(F.opt_bool(body, "return_token_ids")),
+        "tokens_as_ids": bool(F.opt_bool(body, "return_tokens_as_token_ids")),
     }
 
 

@@ -22,8 +22,8 @@ from kvserve.frontend.backend_client import (BackendError, BackendFailed, Backen
                                              GenerateRequest, annotate_request, annotate_response)
 from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
-from kvserve.frontend.openai.logprobs_format import (TextOffsets, completion_logprobs, merge_completion_logprobs,
-                                                     vllm_prompt_logprobs)
+from kvserve.frontend.openai.logprobs_format import (TextOffsets, TokenText, completion_logprobs,
+                                                     merge_completion_logprobs, vllm_prompt_logprobs)
 from kvserve.frontend.openai.responses import (
     ChoiceState,
     ChunkFactory,
@@ -57,6 +57,9 @@ class Call:
     input_param: str | None = None  # the field the prompt came from when not messages/prompt ("input")
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: listed in the (whole) response
     echo_only: bool = False  # completions' echo with max_tokens 0: the token the engine made is dropped
+    # vLLM's return_token_ids: each prompt's token ids (the response lists them, and each choice's)
+    prompt_token_ids: list[list[int]] | None = None
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
 
     @property
     def prompt_param(self) -> str:
@@ -91,7 +94,30 @@ class StreamShaper(Protocol):
 
 
 def _choices(call: Call, num_prompts: int) -> list[ChoiceState]:
-    return [ChoiceState(index=i) for i in range(num_prompts * call.n)]
+    ids = call.prompt_token_ids is not None
+    return [ChoiceState(index=i, token_ids=[] if ids else None) for i in range(num_prompts * call.n)]
+
+
+def _token_text(gateway: Gateway, call: Call) -> TokenText:
+    """How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids,
+    for tokens whose text is not a whole character)."""
+    return _as_token_id if call.tokens_as_ids else gateway.token_text
+
+
+def _as_token_id(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def _add_token_ids(body: dict[str, Any], call: Call, choices: list[ChoiceState]) -> None:
+    """vLLM's return_token_ids in a whole response: the prompt's ids (chat: once; completions: per
+    choice) and each choice's generated ids."""
+    assert call.prompt_token_ids is not None
+    if call.chat:
+        body["prompt_token_ids"] = call.prompt_token_ids[0]
+    for choice, state in zip(body["choices"], choices):
+        if not call.chat:
+            choice["prompt_token_ids"] = call.prompt_token_ids[state.index // call.n]
+        choice["token_ids"] = state.token_ids
 
 
 def _state_for(call: Call, choices: list[ChoiceState], prompt_index: int, delta: ChoiceDelta) -> ChoiceState:
@@ -150,8 +176,10 @@ async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list
     choices, usage = await collect(gateway, call, subs)
     build = chat_body if call.chat else completion_body
     body = build(call.rid, call.created, call.model, choices, usage, call.logprobs)
+    if call.prompt_token_ids is not None:
+        _add_token_ids(body, call, choices)
     if call.prompt_logprobs:  # as vLLM places them: per choice in completions, once for a chat
-        listed = [vllm_prompt_logprobs(c.prompt_entries, gateway.token_text) for c in choices]
+        listed = [vllm_prompt_logprobs(c.prompt_entries, _token_text(gateway, call)) for c in choices]
         if call.chat:
             body["prompt_logprobs"] = listed[0]
         else:
@@ -175,7 +203,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
                 usage.observe(prompt_index, delta)
                 delta = _received(gateway, call, choices, prompt_index, delta)
                 apply_delta(_state_for(call, choices, prompt_index, delta), delta, chat=call.chat,
-                            token_text=gateway.token_text, token_bytes=gateway.token_bytes)
+                            token_text=_token_text(gateway, call), token_bytes=gateway.token_bytes)
     except BackendError as exc:
         raise _api_error(gateway, call, exc) from None
     if call.parses_tool_calls:
@@ -204,7 +232,7 @@ def _take_prompt_logprobs(gateway: Gateway, call: Call, choices: list[ChoiceStat
                           delta: ChoiceDelta) -> None:
     part = None
     if call.echo_texts is not None and call.logprobs and not call.chat:
-        part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), gateway.token_text, gateway.token_bytes)
+        part = completion_logprobs(delta.prompt_logprobs, TextOffsets(), _token_text(gateway, call), gateway.token_bytes)
     for state in choices[prompt_index * call.n:(prompt_index + 1) * call.n]:
         state.prompt_entries, state.prompt_lp = delta.prompt_logprobs, part
 
@@ -247,7 +275,7 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
                     usage.observe(prompt_index, delta)
                     delta = _received(gateway, call, choices, prompt_index, delta)
                     state = _state_for(call, choices, prompt_index, delta)
-                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=gateway.token_text,
+                    logprobs, text = apply_delta(state, delta, chat=call.chat, token_text=_token_text(gateway, call),
                                                  token_bytes=gateway.token_bytes)
                     events = None
                     if parsers is not None:
@@ -295,20 +323,39 @@ class ChunkShaper:
         # completions' echo with logprobs: choices whose echo waits for the prompt's logprobs,
         # which come with the first delta (the echo then heads that delta's chunk, as vLLM's does)
         self.echo_due: set[int] = set()
+        self.ids_started: set[int] = set()  # return_token_ids: choices whose prompt ids went out
+
+    def _ids(self, chunk: dict[str, Any], state: ChoiceState) -> dict[str, Any]:
+        """vLLM's return_token_ids in chunks: each carries the ids received since the choice's last
+        chunk; the prompt's ids go with the first chunk (chat: once; completions: per choice)."""
+        if self.call.prompt_token_ids is None:
+            return chunk
+        choice = chunk["choices"][0]
+        choice["token_ids"], state.unsent_ids = state.unsent_ids, []
+        if state.index not in self.ids_started:
+            prompt = self.call.prompt_token_ids[state.index // self.call.n]
+            if not self.call.chat:
+                choice["prompt_token_ids"] = prompt
+            elif not self.ids_started:
+                chunk["prompt_token_ids"] = prompt
+            self.ids_started.add(state.index)
+        return chunk
 
     async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None:
         for state in choices:  # the opening chunk of each choice
             if self.call.chat:
-                await writer.send(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None))
+                await writer.send(self._ids(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None,
+                                                             None), state))
                 if self.call.echo_texts is not None:  # as vLLM: the echo is a delta of its own, before any token
-                    await writer.send(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]}, None, None))
+                    await writer.send(self._ids(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]},
+                                                                 None, None), state))
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
                 state.text_offsets = TextOffsets(len(text))
                 if self.call.logprobs:
                     self.echo_due.add(state.index)
                 else:
-                    await writer.send(self.chunks.completion(state.index, text, None, None))
+                    await writer.send(self._ids(self.chunks.completion(state.index, text, None, None), state))
 
     async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
                     finish_reason: str | None, events: list[Event] | None) -> None:
@@ -323,9 +370,9 @@ class ChunkShaper:
             return  # nothing to tell the client (e.g. text held back for a stop string)
         if self.call.chat:
             body = {"content": text} if text or not finish_reason else {}
-            await writer.send(self.chunks.chat(state.index, body, logprobs, finish_reason))
+            await writer.send(self._ids(self.chunks.chat(state.index, body, logprobs, finish_reason), state))
         else:
-            await writer.send(self.chunks.completion(state.index, text, logprobs, finish_reason))
+            await writer.send(self._ids(self.chunks.completion(state.index, text, logprobs, finish_reason), state))
 
     async def _tool_deltas(self, writer: SseWriter, state: ChoiceState, events: list[Event], logprobs: Any,
                            finish_reason: str | None) -> None:
@@ -333,9 +380,10 @@ class ChunkShaper:
         if logprobs is not None and not deltas and not finish_reason:
             deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
         for i, body in enumerate(deltas):
-            await writer.send(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None))
+            await writer.send(self._ids(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None), state))
         if finish_reason:
-            await writer.send(self.chunks.chat(state.index, {}, None if deltas else logprobs, state.finish_reason))
+            await writer.send(self._ids(self.chunks.chat(state.index, {}, None if deltas else logprobs,
+                                                         state.finish_reason), state))
 
     async def failed(self, writer: SseWriter, error: ApiError) -> None:
         await writer.send(error.body())

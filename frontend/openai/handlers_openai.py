@@ -16,6 +16,7 @@ from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest,
 from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
 from kvserve.frontend.openai.generation import Call, respond
 from kvserve.frontend.openai.tools import ToolRequest, render_messages
+from kvserve.seam.limits import DEFAULT_MAX_TOKENS
 
 
 def _context_error(prompt_len: int, max_tokens: int, limit: int, param: str) -> ApiError:
@@ -55,6 +56,22 @@ def _kept_prompt_len(num_tokens: int, sampling: dict, limit: int) -> int:
     if keep == -1:
         keep = max(1, limit - sampling.get("max_tokens", 1))
     return min(num_tokens, keep)
+
+
+async def _prompt_ids(gateway: Gateway, req: CompletionRequest) -> list[list[int]]:
+    """Each prompt's token ids as the engine reads them (return_token_ids): a text is tokenized
+    with the same tokenizer files and special tokens the engine uses, and cut as it cuts them."""
+    tok = gateway.require_tokenizer()
+    out = []
+    for prompt in req.prompts:
+        ids = prompt if isinstance(prompt, list) else await tok.encode_async(prompt, add_special_tokens=True)
+        limit = gateway.config.max_model_len
+        if "truncate_prompt_tokens" in req.sampling and limit is not None:
+            # a completion without max_tokens gets the engine's default, which -1 leaves room for
+            sampling = {"max_tokens": DEFAULT_MAX_TOKENS, **req.sampling}
+            ids = ids[-_kept_prompt_len(len(ids), sampling, limit):]
+        out.append(ids)
+    return out
 
 
 def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
@@ -100,7 +117,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
                 include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param,
-                prompt_logprobs=req.prompt_logprobs is not None, echo_only=req.echo_only)
+                prompt_logprobs=req.prompt_logprobs is not None, echo_only=req.echo_only,
+                prompt_token_ids=await _prompt_ids(gateway, req) if req.return_token_ids else None,
+                tokens_as_ids=req.tokens_as_ids)
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 
@@ -157,6 +176,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     echo_texts = [final["content"]] if req.echo and final["role"] == "assistant" else None
     call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
                 echo_texts=echo_texts, constraint_param=req.constraint_param, tools=req.tools,
-                prompt_logprobs=req.prompt_logprobs is not None)
+                prompt_logprobs=req.prompt_logprobs is not None,
+                prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids)
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

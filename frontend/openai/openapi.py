@@ -83,6 +83,9 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "prompt_logprobs": {**_num(0, MAX_LOGPROBS, integer=True),
                             "description": "vLLM extension: list each prompt token's logprob and the top k; "
                                            "not with stream"},
+        "return_token_ids": {**_bool(), "description": "vLLM extension: the prompt's and each choice's token ids "
+                                                       "(streamed: the prompt's in the first chunk, each chunk's own)"},
+        "return_tokens_as_token_ids": {**_bool(), "description": "vLLM extension: logprobs name tokens 'token_id:N'"},
         "allowed_token_ids": {"type": "array", "minItems": 1, "maxItems": MAX_ALLOWED_TOKEN_IDS, "items": token_id,
                               "nullable": True, "description": "vLLM extension: sample only among these ids"},
         "bad_words": {"type": "array", "maxItems": MAX_STOP, "nullable": True,

@@ -31,6 +31,8 @@ class ChoiceState:
     prompt_entries: list[TokenLogprob] | None = None  # its prompt's logprobs, when they were asked for
     chat_lp: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] | None = None  # chat with tools: what the parser read out of `text`
+    token_ids: list[int] | None = None  # return_token_ids: every token id received
+    unsent_ids: list[int] = field(default_factory=list)  # streamed: received, not yet in a chunk
 
 
 @dataclass(slots=True)
@@ -68,6 +70,9 @@ def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool, token_tex
             state.completion_lp.append(chunk_lp)
     state.text.append(delta.text)
     state.token_count += len(delta.token_ids)
+    if state.token_ids is not None:
+        state.token_ids.extend(delta.token_ids)
+        state.unsent_ids.extend(delta.token_ids)
     state.completion_tokens = max(state.completion_tokens, delta.completion_tokens)
     if delta.finish_reason:
         state.finish_reason = delta.finish_reason

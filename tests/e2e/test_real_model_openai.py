@@ -172,3 +172,20 @@ def test_bad_words_allowed_token_ids_and_prompt_truncation(client) -> None:
     tail = client.completions.create(model=MODEL, prompt=_tokenize(client, long_prompt)[-6:], max_tokens=8,
                                      temperature=0)
     assert cut.usage.prompt_tokens == 6 and cut.choices[0].text == tail.choices[0].text
+
+
+def test_return_token_ids_are_the_ids_the_engine_read_and_wrote(client) -> None:
+    prompt = "The capital of France is"
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True}).model_dump()
+    choice = out["choices"][0]
+    assert choice["prompt_token_ids"] == _tokenize(client, prompt)
+    assert len(choice["prompt_token_ids"]) == out["usage"]["prompt_tokens"]  # as the engine counted them
+    assert len(choice["token_ids"]) == out["usage"]["completion_tokens"]
+    cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True, "truncate_prompt_tokens": 3}).model_dump()
+    assert cut["choices"][0]["prompt_token_ids"] == _tokenize(client, prompt)[-3:] and cut["usage"]["prompt_tokens"] == 3
+    chat = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=12, temperature=0,
+                                          extra_body={"return_token_ids": True}).model_dump()
+    assert chat["prompt_token_ids"] == _tokenize(client, messages=FRANCE)
+    assert len(chat["choices"][0]["token_ids"]) == chat["usage"]["completion_tokens"]

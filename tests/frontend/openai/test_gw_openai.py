@@ -148,6 +148,50 @@ def test_chat_echo_heads_the_reply_with_the_final_assistant_message(client: open
     assert plain.choices[0].message.content == words(0, 2)
 
 
+def test_return_token_ids_lists_the_prompt_and_each_choice(client: openai.OpenAI, server) -> None:
+    """vLLM's return_token_ids: whole and streamed, completions (per choice) and chat (prompt once)."""
+    ids_of = lambda k, count: [100 + (k + j) % len(WORDS) for j in range(count)]  # noqa: E731 (FakeBackend's)
+    extra = {"return_token_ids": True}
+    out = client.completions.create(model="tiny", prompt=["hello there", "general kenobi"], max_tokens=3, n=2,
+                                    extra_body=extra).model_dump()
+    hello, kenobi = (server.tokenizer.encode(p, add_special_tokens=True) for p in ("hello there", "general kenobi"))
+    assert [c["prompt_token_ids"] for c in out["choices"]] == [hello, hello, kenobi, kenobi]
+    assert [c["token_ids"] for c in out["choices"]] == [ids_of(0, 3), ids_of(1, 3)] * 2
+    ids = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=1, extra_body=extra).model_dump()
+    assert ids["choices"][0]["prompt_token_ids"] == [5, 6, 7]
+    chunks = [c.model_dump() for c in client.completions.create(model="tiny", prompt="hello there", max_tokens=3,
+                                                               stream=True, extra_body=extra)]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == hello
+    assert all("prompt_token_ids" not in c["choices"][0] or c is chunks[0] for c in chunks)
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == ids_of(0, 3)
+
+    msgs = [{"role": "user", "content": "hello"}]
+    chat = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, extra_body=extra).model_dump()
+    assert chat["prompt_token_ids"] == server.backend.requests[-1].prompt
+    assert chat["choices"][0]["token_ids"] == ids_of(0, 2)
+    chunks = [c.model_dump() for c in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, n=2,
+                                                                    stream=True, extra_body=extra)]
+    assert chunks[0]["prompt_token_ids"] == server.backend.requests[-1].prompt
+    assert sum("prompt_token_ids" in c for c in chunks) == 1  # once, in the first chunk
+    for index in (0, 1):
+        got = [t for c in chunks for ch in c["choices"] if ch["index"] == index for t in ch["token_ids"]]
+        assert got == ids_of(index, 2)
+    plain = client.completions.create(model="tiny", prompt="hello", max_tokens=1).model_dump()
+    assert "token_ids" not in plain["choices"][0] or plain["choices"][0]["token_ids"] is None
+
+
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(client: openai.OpenAI) -> None:
+    extra = {"return_tokens_as_token_ids": True}
+    out = client.completions.create(model="tiny", prompt="p", max_tokens=2, logprobs=1, extra_body=extra)
+    lp = out.choices[0].logprobs
+    assert lp.tokens == ["token_id:100", "token_id:101"]
+    assert set(lp.top_logprobs[0]) == {"token_id:200", "token_id:100"}
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "p"}], max_tokens=1,
+                                          logprobs=True, top_logprobs=1, extra_body=extra)
+    entry = chat.choices[0].logprobs.content[0]
+    assert entry.token == "token_id:100" and entry.top_logprobs[0].token == "token_id:200"
+
+
 def test_chat_streaming_shapes(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=2, stream=True,
