@@ -38,6 +38,9 @@ class CommonRequest:
     prompt_logprobs: int | None  # vLLM's extension: the prompt's logprobs in the response, top k each
     return_token_ids: bool  # vLLM's: the prompt's and each choice's token ids beside the text
     tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    # vLLM's add_special_tokens: None is the route's default (completions add BOS and the like;
+    # chat does not, its template writes them)
+    add_special_tokens: bool | None
 
 
 @dataclass(slots=True)
@@ -75,7 +78,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
     include_usage = (options or {}).get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
-    _check_unimplemented_extensions(body)
+    _check_unimplemented_extensions(body, chat=chat)
     constraint = parse_constraint(body)
     if not chat and (body.get("tools") or body.get("functions")):
         raise not_supported("tools", "tool calling in completions")
@@ -103,6 +106,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "prompt_logprobs": prompt_logprobs,
         "return_token_ids": bool(F.opt_bool(body, "return_token_ids")),
         "tokens_as_ids": bool(F.opt_bool(body, "return_tokens_as_token_ids")),
+        "add_special_tokens": F.opt_bool(body, "add_special_tokens"),
     }
 
 
@@ -111,15 +115,27 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
 # each is refused when set to anything but its default (None, false, empty).
 _VLLM_UNSUPPORTED = {
     "use_beam_search": "beam search",
+    "logits_processors": "custom logits processors",
+    "kv_transfer_params": "KV transfer between instances (disaggregated prefill)",
+    "prompt_embeds": "prompt embeddings",
+    "mm_processor_kwargs": "multimodal processing",
+    "vllm_xargs": "'vllm_xargs'",
+}
+_VLLM_UNSUPPORTED_IN_CHAT = {
+    # vLLM takes one only with --trust-request-chat-template; here the model's (or --chat-template's)
+    # template renders every conversation
+    "chat_template": "a chat template sent with the request",
 }
 
 
-def _check_unimplemented_extensions(body: dict[str, Any]) -> None:
-    for name, what in _VLLM_UNSUPPORTED.items():
+def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None:
+    for name, what in {**_VLLM_UNSUPPORTED, **(_VLLM_UNSUPPORTED_IN_CHAT if chat else {})}.items():
         value = body.get(name)
         unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
         if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
             raise not_supported(name, what)
+    if body.get("priority") not in (None, 0):  # vLLM refuses it too unless priority scheduling is on
+        raise not_supported("priority", "request priority (requests are served first come, first served)")
 
 
 def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:
@@ -260,7 +276,7 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None,
         tools=tools,
         continue_final_message=continue_final,
         echo=echo,
-        template_kwargs=template_kwargs(body),
+        template_kwargs={**template_kwargs(body), **_documents(body)},
     )
     if logprobs:
         req.sampling["logprobs"] = req.top_logprobs
@@ -300,6 +316,19 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request(f"'chat_template_kwargs' is longer than {MAX_TEMPLATE_KWARGS_CHARS} characters of JSON",
                           param="chat_template_kwargs")
     return value
+
+
+def _documents(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's `documents` (retrieved passages for a RAG template), a template variable."""
+    documents = body.get("documents")
+    if documents is None:
+        return {}
+    if not isinstance(documents, list) or not all(
+            isinstance(d, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in d.items())
+            for d in documents):
+        raise bad_request("'documents' must be a list of objects whose values are strings (a title, a text...)",
+                          param="documents")
+    return {"documents": documents}
 
 
 def parse_messages(value: Any) -> list[dict[str, Any]]:

@@ -118,7 +118,8 @@ async def tokenize(request: web.Request) -> web.Response:
         if continue_final:
             check_continuable(messages, add_gen)
         ids = await chat_prompt_ids(gateway, messages, not continue_final if add_gen is None else add_gen,
-                                    continue_final_message=continue_final, template_kwargs=template_kwargs(body))
+                                    continue_final_message=continue_final, template_kwargs=template_kwargs(body),
+                                    add_special_tokens=bool(add_special))  # a chat's default: False
     elif prompt is not None:
         ids = await tok.encode_async(prompt, add_special_tokens=True if add_special is None else add_special)
     else:

@@ -104,15 +104,19 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = parse_completion(body, gateway.vocab_size)
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(gateway, req.sampling)
-    for prompt in req.prompts:
-        if isinstance(prompt, list):
-            _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
     echo_texts = None
     if req.echo:
         echo_texts = [
             p if isinstance(p, str) else gateway.require_tokenizer().decode(p, skip_special_tokens=False)
             for p in req.prompts
         ]
+    if req.add_special_tokens is False:  # the engine adds them to a text: it gets the text's ids instead
+        tok = gateway.require_tokenizer()
+        req.prompts = [await tok.encode_async(p, add_special_tokens=False) if isinstance(p, str) else p
+                       for p in req.prompts]
+    for prompt in req.prompts:
+        if isinstance(prompt, list):
+            _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
     await gateway.ensure_ready()
     rid = f"cmpl-{uuid.uuid4().hex}"
     call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
@@ -126,8 +130,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation_prompt: bool,
                           tools: ToolRequest | None = None, param: str = "messages", *,
-                          continue_final_message: bool = False,
-                          template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                          continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                          add_special_tokens: bool = False) -> list[int]:
     tok = gateway.require_tokenizer()
     template = gateway.chat_template()
     # tool_choice "none": the tools stay out of the prompt (no call could be read back anyway).
@@ -145,7 +149,7 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
         )
     except ChatTemplateError as exc:
         raise bad_request(str(exc), param=param) from None
-    ids = await tok.encode_async(text, add_special_tokens=False)
+    ids = await tok.encode_async(text, add_special_tokens=add_special_tokens)
     if not ids:
         raise bad_request("the rendered conversation is empty", param=param)
     return ids
@@ -159,7 +163,7 @@ async def prepare_chat(gateway: Gateway, req: ChatRequest, param: str = "message
     _apply_tenant_salt(gateway, req.sampling)
     ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools, param,
                                 continue_final_message=req.continue_final_message,
-                                template_kwargs=req.template_kwargs)
+                                template_kwargs=req.template_kwargs, add_special_tokens=bool(req.add_special_tokens))
     _check_context(gateway, ids, req.sampling, param, fill_default=True)
     await gateway.ensure_ready()
     return model, ids

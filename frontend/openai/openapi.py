@@ -86,6 +86,7 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "return_token_ids": {**_bool(), "description": "vLLM extension: the prompt's and each choice's token ids "
                                                        "(streamed: the prompt's in the first chunk, each chunk's own)"},
         "return_tokens_as_token_ids": {**_bool(), "description": "vLLM extension: logprobs name tokens 'token_id:N'"},
+        "add_special_tokens": {**_bool(), "description": "vLLM extension: completions default true, chat false"},
         "allowed_token_ids": {"type": "array", "minItems": 1, "maxItems": MAX_ALLOWED_TOKEN_IDS, "items": token_id,
                               "nullable": True, "description": "vLLM extension: sample only among these ids"},
         "bad_words": {"type": "array", "maxItems": MAX_STOP, "nullable": True,
@@ -189,6 +190,8 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "chat_template_kwargs": {"type": "object", "nullable": True,
                                      "description": "vLLM extension: more chat template variables"},
             "echo": {**_bool(), "description": "vLLM extension: a final assistant message heads the reply"},
+            "documents": {"type": "array", "nullable": True, "items": {"type": "object", "additionalProperties": {"type": "string"}},
+                          "description": "vLLM extension: passages for a RAG chat template"},
             **_tool_props(),
         }},
         "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {

@@ -148,6 +148,20 @@ def test_chat_echo_heads_the_reply_with_the_final_assistant_message(client: open
     assert plain.choices[0].message.content == words(0, 2)
 
 
+def test_add_special_tokens_as_vllm_reads_it(client: openai.OpenAI, server) -> None:
+    client.completions.create(model="tiny", prompt="hello there", max_tokens=1, extra_body={"add_special_tokens": False})
+    assert server.backend.requests[-1].prompt == server.tokenizer.encode("hello there", add_special_tokens=False)
+    client.completions.create(model="tiny", prompt="hello there", max_tokens=1)
+    assert server.backend.requests[-1].prompt == "hello there"  # the engine adds them, as vLLM's does
+    msgs = [{"role": "user", "content": "hello"}]
+    client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
+    plain = server.backend.requests[-1].prompt  # a chat's default: the template writes them, none added
+    client.chat.completions.create(model="tiny", messages=msgs, max_tokens=1, extra_body={"add_special_tokens": True})
+    added = server.backend.requests[-1].prompt
+    text = server.tokenizer.decode(plain, skip_special_tokens=False)
+    assert added == server.tokenizer.encode(text, add_special_tokens=True)  # what the tokenizer adds, if anything
+
+
 def test_return_token_ids_lists_the_prompt_and_each_choice(client: openai.OpenAI, server) -> None:
     """vLLM's return_token_ids: whole and streamed, completions (per choice) and chat (prompt once)."""
     ids_of = lambda k, count: [100 + (k + j) % len(WORDS) for j in range(count)]  # noqa: E731 (FakeBackend's)

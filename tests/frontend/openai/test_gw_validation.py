@@ -101,7 +101,8 @@ def test_unsupported_chat_features() -> None:
 
 @pytest.mark.parametrize("field, value", [
     ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
-    ("use_beam_search", True)])
+    ("use_beam_search", True), ("logits_processors", ["my.Processor"]), ("kv_transfer_params", {"a": 1}),
+    ("prompt_embeds", "AAAA"), ("vllm_xargs", {"k": 1}), ("mm_processor_kwargs", {"k": 1}), ("priority", 1)])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.
     msgs = [{"role": "user", "content": "x"}]
@@ -166,6 +167,24 @@ def test_continue_final_message_as_vllm_takes_it() -> None:
         assert bad(parse_chat, {"messages": msgs, "continue_final_message": True, **body}).param == \
             "continue_final_message"
     assert bad(parse_chat, {"messages": msgs, "continue_final_message": "yes"}).param == "continue_final_message"
+
+
+def test_priority_zero_is_the_default_and_a_chat_template_in_the_request_is_refused() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    assert parse_chat({"messages": msgs, "priority": 0}, None).messages == msgs
+    assert bad(parse_chat, {"messages": msgs, "chat_template": "{{ messages }}"}).param == "chat_template"
+
+
+def test_documents_and_add_special_tokens_as_vllm_takes_them() -> None:
+    msgs = [{"role": "user", "content": "x"}]
+    docs = [{"title": "Paris", "text": "Paris is the capital of France."}]
+    req = parse_chat({"messages": msgs, "documents": docs, "chat_template_kwargs": {"enable_thinking": False}}, None)
+    assert req.template_kwargs == {"enable_thinking": False, "documents": docs}
+    for value in ("x", [1], [{"title": 1}]):
+        assert bad(parse_chat, {"messages": msgs, "documents": value}).param == "documents"
+    assert parse_chat({"messages": msgs}, None).add_special_tokens is None
+    assert parse_completion({"prompt": "x", "add_special_tokens": False}, None).add_special_tokens is False
+    assert bad(parse_completion, {"prompt": "x", "add_special_tokens": "no"}).param == "add_special_tokens"
 
 
 def test_chat_template_kwargs_are_template_variables() -> None:
