@@ -62,5 +62,5 @@ SAMPLING_FIELDS = frozenset({
     "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
     "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "bad_words",
-    "truncate_prompt_tokens", "skip_special_tokens", "cache_salt", "timeout", "structured_outputs",
+    "truncate_prompt_tokens", "skip_special_tokens", "cache_salt", "timeout", "priority", "structured_outputs",
 })

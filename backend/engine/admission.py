@@ -23,6 +23,7 @@ class PromptLimits:
     # times it cannot fit; None when the tokenizer gives no such bound. A function:
     # the tokenizer works it out on first use (ModelTokenizer.max_chars_per_token).
     max_chars_per_token: Callable[[], int | None]
+    priority_scheduling: bool = False  # --scheduling-policy priority: a request's priority is honoured
 
     def too_many_chars(self, num_chars: int) -> bool:
         if num_chars <= self.max_model_len:  # a token is at least one character: no need to ask
@@ -47,6 +48,8 @@ def precheck(prompt: str | list[int], params: SamplingParams, limits: PromptLimi
     if not prompt:
         raise invalid("prompt", "must not be empty")
     params.check_vocab(limits.vocab_size)
+    if params.priority and not limits.priority_scheduling:  # as vLLM: never silently ignored
+        raise invalid("priority", "priority scheduling is not enabled (--scheduling-policy priority)")
     if params.truncate_prompt_tokens is not None:
         return  # cut to fit after tokenizing
     if isinstance(prompt, str):

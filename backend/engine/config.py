@@ -22,6 +22,7 @@ _DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = (*_DTYPES, "fp8", "fp8_e4m3", "fp8_e5m2")
 _ATTENTION_BACKENDS = ("auto", "torch", "triton")
 _QUANTIZATION = ("none", "int8", "int4")  # = models/quantize.py's modes (that module needs torch)
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +56,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_waiting_requests: int | None = None
     enable_prefix_caching: bool = True
+    # vLLM's --scheduling-policy: "fcfs" serves requests in arrival order; "priority" by each
+    # request's `priority` (lower first, then arrival), and preempts the least urgent first.
+    scheduling_policy: str = "fcfs"
     # Streamed responses carry up to this many new tokens each (vLLM's --stream-interval):
     # 1 sends every token at once; more means fewer responses for the serving path to carry.
     # A choice's first token and its last are never held back.
@@ -114,6 +118,8 @@ class EngineConfig:
             raise ValueError(f"quantization: must be one of {_QUANTIZATION}, got {self.quantization!r}")
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size: must be a power of two in [1, 128], got {self.block_size}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy: must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("stream_interval", self.stream_interval)

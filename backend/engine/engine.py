@@ -74,11 +74,13 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.arch.vocab_size
         self.eos_token_ids = self.tokenizer.eos_token_ids or frozenset(self.runner.arch.eos_token_ids)
-        self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token)
+        self.limits = PromptLimits(self.vocab_size, self.max_model_len, self.tokenizer.max_chars_per_token,
+                                   priority_scheduling=config.scheduling_policy == "priority")
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  self.runner.kv_groups)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_loras if config.enable_lora else None, self.vocab_size)
+                                   config.max_loras if config.enable_lora else None, self.vocab_size,
+                                   priority=config.scheduling_policy == "priority")
         # LoRA adapters (backend/lora/): the registry any thread adds to, and the runner's slots read.
         self.loras: LoRARegistry | None = None
         self.lora_finished: dict[str, int] = {}  # adapter name -> requests ended (metrics)

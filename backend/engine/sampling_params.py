@@ -49,6 +49,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     timeout: float | None = None  # seconds from arrival; the request ends with finish_reason "abort"
+    # vLLM's request priority: lower runs first under --scheduling-policy priority (0 otherwise)
+    priority: int = 0
     # vLLM's StructuredOutputsParams ({"json": schema} | {"regex": ...} | ...): see structured/spec.py
     structured_outputs: dict[str, Any] | None = None
     grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
@@ -117,6 +119,8 @@ class SamplingParams:
             raise invalid("cache_salt", "must be a non-empty string")
         if self.timeout is not None:
             _float_in("timeout", self.timeout, 0.0, MAX_TIMEOUT_S, low_open=True)
+        if not _is_int(self.priority) or not INT64_MIN <= self.priority <= INT64_MAX:
+            raise invalid("priority", "must be an integer that fits in an int64")
         if self.structured_outputs is not None:
             self.grammar = parse_spec(self.structured_outputs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):

@@ -4,10 +4,15 @@ Prompt and generated tokens are treated alike: each step gives every chosen
 request a number of tokens to compute (a prefill chunk or one decode token),
 so chunked prefill and decodes share one forward pass. When KV blocks run out,
 the newest running request is preempted (its blocks freed, recomputed later).
+
+With the priority policy (vLLM's --scheduling-policy priority) the waiting
+queue is ordered by (priority, arrival), lower first, and the preempted request
+is the least urgent running one by the same order, as vLLM's scheduler picks it.
 Never touches tensors.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,8 +68,9 @@ SCORED_LOGITS_BYTES = 256 * 2**20
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_loras: int | None = None, vocab_size: int = 0) -> None:
+                 max_loras: int | None = None, vocab_size: int = 0, priority: bool = False) -> None:
         self.kv = kv
+        self.priority = priority  # the priority policy; False: first come, first served
         self.max_loras = max_loras  # None: no LoRA bound (adapters off)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -82,7 +88,16 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        if self.priority:
+            self._queue_by_priority(req)
+        else:
+            self.waiting.append(req)
+
+    def _queue_by_priority(self, req: Request) -> None:
+        # After those it ties with: equal keys keep their order (a linear insert: queues are short
+        # next to a step's work)
+        at = bisect.bisect_right([_urgency(r) for r in self.waiting], _urgency(req))
+        self.waiting.insert(at, req)
 
     @property
     def num_running(self) -> int:
@@ -107,7 +122,8 @@ class Scheduler:
         scoring = self.max_scored_tokens
         now = time.time()
 
-        # 1. Running requests, oldest first; preempt from the newest end when blocks run out.
+        # 1. Running requests, oldest first; when blocks run out, preempt the newest (the priority
+        # policy: the least urgent).
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -132,12 +148,21 @@ class Scheduler:
                     num_spec = 0
                     req.spec_token_ids.clear()
                     continue
-                victim = self.running.pop()
+                at = (max(range(len(self.running)), key=lambda j: _urgency(self.running[j])) if self.priority
+                      else len(self.running) - 1)
+                victim = self.running.pop(at)
+                if at < i:  # the priority policy's victim may have been scheduled this step: its tokens come back
+                    i -= 1
+                    given_back = next((s for s in out.scheduled if s.request_id == victim.request_id), None)
+                    if given_back is not None:
+                        budget += len(given_back.token_ids)
+                        scoring += len(given_back.token_ids) - given_back.num_spec_tokens if victim.scores_prompt else 0
                 self._preempt(victim, now, out)
                 if victim is req:
                     break
 
-        # 2. Waiting requests in arrival order; stop at the first that does not fit (FCFS). A request
+        # 2. Waiting requests in queue order (arrival; the priority policy: priority, then arrival);
+        # stop at the first that does not fit. A request
         # whose adapter finds no slot (max_loras distinct adapters run already) waits, and so do
         # the adapter requests behind it, so the running adapters drain and it gets the next slot;
         # base-model requests need no slot and go on.
@@ -199,7 +224,10 @@ class Scheduler:
         req.num_preemptions += 1
         req.times.preemptions.append(now)
         self.num_preemptions_total += 1
-        self.waiting.appendleft(req)
+        if self.priority:
+            self._queue_by_priority(req)  # its arrival stays: ahead of later arrivals of its priority
+        else:
+            self.waiting.appendleft(req)
         out.preempted_request_ids.append(req.request_id)
         # Its chunk may already be in this step's output if it ran earlier in the loop.
         out.scheduled = [s for s in out.scheduled if s.request_id != req.request_id]
@@ -240,3 +268,8 @@ class Scheduler:
         self.kv.free(req)
         self._finished_since_last_step.append(request_id)
         return req
+
+
+def _urgency(req: Request) -> tuple[int, float]:
+    """The priority policy's order: lower priority values first, then earlier arrivals."""
+    return req.sampling_params.priority, req.arrival_time

@@ -118,6 +118,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("--max-num-batched-tokens", "token budget of one scheduler step", positive_int),
     EngineFlag("--block-size", "tokens per KV cache block (a power of two <= 128)", positive_int),
     EngineFlag("--enable-prefix-caching", "share full KV blocks between requests with a common prefix", None),
+    EngineFlag("--scheduling-policy", "fcfs: requests in arrival order; priority: by each request's `priority` "
+               "(lower first, then arrival), the least urgent preempted first", choices=("fcfs", "priority")),
     EngineFlag("--gpu-memory-utilization", "fraction of GPU memory the engine may use (CUDA)", fraction),
     EngineFlag("--kv-cache-memory", "KV cache size in bytes (8GiB, 512MiB, ...); skips memory profiling", parse_bytes),
     EngineFlag("--num-kv-blocks", "KV cache size in blocks (overrides --kv-cache-memory)", positive_int),

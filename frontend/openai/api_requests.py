@@ -134,8 +134,6 @@ def _check_unimplemented_extensions(body: dict[str, Any], *, chat: bool) -> None
         unset = value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
         if not unset:  # 0 is a setting here (prompt_logprobs: 0 asks for the prompt's logprobs)
             raise not_supported(name, what)
-    if body.get("priority") not in (None, 0):  # vLLM refuses it too unless priority scheduling is on
-        raise not_supported("priority", "request priority (requests are served first come, first served)")
 
 
 def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: bool) -> dict[str, Any]:
@@ -163,6 +161,9 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         # Extension (as vLLM's extra fields): seconds from arrival; past it the
         # engine ends the request with a "timeout" error and frees its blocks.
         "timeout": F.opt_number(body, "timeout", 0.0, MAX_TIMEOUT_S, lo_open=True),
+        # vLLM's: lower runs first with --scheduling-policy priority; the engine refuses a nonzero
+        # one under first come, first served, as vLLM does
+        "priority": F.opt_int(body, "priority"),
     }
     values.update(_vocabulary_bans(body, vocab_size))
     truncate = F.opt_int(body, "truncate_prompt_tokens", -1)

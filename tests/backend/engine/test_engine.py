@@ -158,3 +158,21 @@ def test_allowed_token_ids_and_bad_words(llm):
         assert all(out.token_ids[i:i + k] != banned for i in range(len(out.token_ids) - k + 1))
     assert out.token_ids != base.token_ids
     assert _all_free(llm)
+
+
+def test_priority_is_honoured_only_under_the_priority_policy(llm, llama_dir):
+    with pytest.raises(ValueError, match="^priority: priority scheduling is not enabled"):
+        llm.generate("hi", SamplingParams(priority=1))  # as vLLM: refused, never silently ignored
+    assert llm.generate("hi", SamplingParams(max_tokens=2, priority=0))[0].outputs[0].token_ids
+    by_priority = LLM(model=llama_dir, max_num_seqs=1, max_model_len=128, scheduling_policy="priority")
+    eng = by_priority.engine
+    for rid, prio in (("first-but-low", 5), ("second", 0), ("third-urgent", -2)):
+        eng.add_request(rid, f"prompt {rid}", SamplingParams(max_tokens=3, priority=prio, ignore_eos=True))
+    order = []
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                order.append(out.request_id)
+    assert order == ["third-urgent", "second", "first-but-low"]  # one at a time, most urgent first
+    with pytest.raises(ValueError, match="^scheduling_policy"):
+        LLM(model=llama_dir, scheduling_policy="lifo")

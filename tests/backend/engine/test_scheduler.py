@@ -1,4 +1,5 @@
-"""Scheduler: token budget, max_num_seqs, chunked prefill, FCFS, preemption of the newest."""
+"""Scheduler: token budget, max_num_seqs, chunked prefill, FCFS, preemption of the newest; the
+priority policy's order and its least-urgent victim."""
 from __future__ import annotations
 
 from kvserve.backend.engine.request import Request, RequestStatus
@@ -7,12 +8,12 @@ from kvserve.backend.engine.scheduler import Scheduler
 from kvserve.backend.kv_cache.manager import KVCacheManager
 
 
-def _sched(num_blocks=64, block_size=4, max_seqs=8, budget=32, caching=True):
-    return Scheduler(KVCacheManager(num_blocks, block_size, caching), max_seqs, budget)
+def _sched(num_blocks=64, block_size=4, max_seqs=8, budget=32, caching=True, priority=False):
+    return Scheduler(KVCacheManager(num_blocks, block_size, caching), max_seqs, budget, priority=priority)
 
 
-def _req(rid, n, start=0):
-    return Request(rid, list(range(start, start + n)), SamplingParams(max_tokens=8), cache_key=None)
+def _req(rid, n, start=0, priority=0):
+    return Request(rid, list(range(start, start + n)), SamplingParams(max_tokens=8, priority=priority), cache_key=None)
 
 
 def _run(s: Scheduler, out, sample=7):
@@ -70,6 +71,34 @@ def test_preemption_takes_the_newest_and_requeues_it_first():
     new = s.requests["new"]
     assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0 and s.kv.block_ids("new") == []
     assert s.waiting[0] is new and s.num_preemptions_total == 1
+
+
+def test_priority_policy_starts_the_most_urgent_first_and_ties_in_arrival_order():
+    s = _sched(max_seqs=2, budget=100, priority=True)
+    for rid, prio in (("a", 5), ("b", 0), ("c", 5), ("d", -1)):
+        s.add_request(_req(rid, 4, start=ord(rid), priority=prio))
+    assert [r.request_id for r in s.waiting] == ["d", "b", "a", "c"]
+    assert list(s.schedule().num_scheduled_tokens) == ["d", "b"]
+    fcfs = _sched(max_seqs=2, budget=100)
+    for rid, prio in (("a", 5), ("b", 0)):
+        fcfs.add_request(_req(rid, 4, priority=prio))
+    assert [r.request_id for r in fcfs.waiting] == ["a", "b"]  # first come, first served ignores it
+
+
+def test_priority_policy_preempts_the_least_urgent_even_if_it_ran_first():
+    s = _sched(num_blocks=5, block_size=4, budget=100, priority=True)  # 4 blocks of 4 token slots
+    s.add_request(_req("background", 5, priority=10))
+    s.add_request(_req("urgent", 8, start=20, priority=0))
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == ["urgent", "background"]
+    _run(s, out)  # 2 blocks each, none free: "urgent" (9 tokens) needs a third, "background" (6) does not
+    s.running.reverse()  # "background" runs first: it is scheduled before "urgent" finds no block
+    out = s.schedule()
+    # The least urgent goes though it was scheduled already: its chunk is withdrawn, its tokens given back.
+    assert out.preempted_request_ids == ["background"] and list(out.num_scheduled_tokens) == ["urgent"]
+    assert s.waiting[0].request_id == "background" and s.requests["background"].num_computed_tokens == 0
+    s.add_request(_req("later", 3, start=60, priority=10))
+    assert [r.request_id for r in s.waiting] == ["background", "later"]  # it keeps its arrival
 
 
 def test_finish_frees_blocks_and_reports_the_id():

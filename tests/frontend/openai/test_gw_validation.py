@@ -102,7 +102,7 @@ def test_unsupported_chat_features() -> None:
 @pytest.mark.parametrize("field, value", [
     ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
     ("use_beam_search", True), ("logits_processors", ["my.Processor"]), ("kv_transfer_params", {"a": 1}),
-    ("prompt_embeds", "AAAA"), ("vllm_xargs", {"k": 1}), ("mm_processor_kwargs", {"k": 1}), ("priority", 1)])
+    ("prompt_embeds", "AAAA"), ("vllm_xargs", {"k": 1}), ("mm_processor_kwargs", {"k": 1})])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.
     msgs = [{"role": "user", "content": "x"}]
@@ -169,9 +169,10 @@ def test_continue_final_message_as_vllm_takes_it() -> None:
     assert bad(parse_chat, {"messages": msgs, "continue_final_message": "yes"}).param == "continue_final_message"
 
 
-def test_priority_zero_is_the_default_and_a_chat_template_in_the_request_is_refused() -> None:
+def test_priority_reaches_the_engine_and_a_chat_template_in_the_request_is_refused() -> None:
     msgs = [{"role": "user", "content": "x"}]
-    assert parse_chat({"messages": msgs, "priority": 0}, None).messages == msgs
+    assert parse_chat({"messages": msgs, "priority": -3}, None).sampling["priority"] == -3
+    assert bad(parse_completion, {"prompt": "x", "priority": "high"}).param == "priority"
     assert bad(parse_chat, {"messages": msgs, "chat_template": "{{ messages }}"}).param == "chat_template"
 
 
