@@ -80,6 +80,18 @@ def test_too_long_prompt_is_bad_request(served: Served) -> None:
     assert info.value.body["code"] == "context_length_exceeded"
 
 
+def test_sampling_extensions_reach_the_engine_and_its_refusals_the_client(served: Served) -> None:
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as info:  # this server schedules first come, first served
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"priority": 2})
+    assert info.value.body["param"] == "priority" and "--scheduling-policy priority" in info.value.body["message"]
+    out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                    extra_body={"allowed_token_ids": [40, 41], "ignore_eos": True,
+                                                "return_token_ids": True, "truncate_prompt_tokens": 2})
+    assert set(out.model_dump()["choices"][0]["token_ids"]) <= {40, 41} and out.usage.prompt_tokens == 2
+    assert client.completions.create(model=MODEL, prompt="still serving", max_tokens=2).usage.completion_tokens
+
+
 def test_chat_non_streaming_and_usage_matches_tokens(served: Served) -> None:
     messages = [{"role": "user", "content": "Tell me a story"}]
     out = served.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,

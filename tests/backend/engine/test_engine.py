@@ -147,6 +147,11 @@ def test_allowed_token_ids_and_bad_words(llm):
         assert set(llm.generate("Once upon a time", params)[0].outputs[0].token_ids) <= set(allowed)
     with pytest.raises(ValueError, match="^allowed_token_ids"):
         llm.generate("hi", SamplingParams(allowed_token_ids=[10**6]))
+    # nothing allowed but the end of sequence, which min_tokens bans: the request ends with an error
+    # naming the field, never with a token it did not allow
+    eos = min(llm.engine.eos_token_ids)
+    failed = llm.generate("hi", SamplingParams(allowed_token_ids=[eos], min_tokens=2, max_tokens=4))[0]
+    assert failed.error is not None and failed.error.startswith("allowed_token_ids: the constraint allowed no token")
     base = llm.generate("Once upon a time", SamplingParams(**greedy))[0].outputs[0]
     tok = llm.get_tokenizer()
     word_id = next(t for t in base.token_ids if tok.decode([t]).strip().isalpha())  # " and", say
