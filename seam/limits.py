@@ -17,3 +17,14 @@ MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LORA_NAME_CHARS = 256  # a LoRA adapter's name (--lora-modules, load_lora_adapter, a request's model)
 MAX_EMBEDDING_INPUTS = 2048  # inputs of one /v1/embeddings request (OpenAI's limit); a model may allow fewer
+
+
+def kept_prompt_tokens(num_tokens: int, truncate: int | None, max_tokens: int | None, max_model_len: int) -> int:
+    """How many of a prompt's tokens vLLM's `truncate_prompt_tokens` keeps (its last ones): all
+    when unset; -1 keeps as many as fit beside max_tokens (None: beside one token), where vLLM's
+    -1, the model's whole length, would leave no room to generate."""
+    if truncate is None:
+        return num_tokens
+    if truncate == -1:
+        truncate = max(1, max_model_len - (max_tokens or 1))
+    return min(num_tokens, truncate)

@@ -13,6 +13,7 @@ from typing import Callable
 
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
+from kvserve.seam.limits import kept_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +76,13 @@ def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
             raise invalid("prompt", f"token ids must be integers in [0, {limits.vocab_size})")
     if not ids:
         raise invalid("prompt", "must not be empty")
-    if params.truncate_prompt_tokens is not None:
-        ids = ids[-_kept_tokens(params, limits):]  # the end of a prompt is what the reply follows
+    if params.truncate_prompt_tokens is not None:  # the end of a prompt is what the reply follows
+        ids = ids[-kept_prompt_tokens(len(ids), params.truncate_prompt_tokens, params.max_tokens,
+                                      limits.max_model_len):]
     _check_length(len(ids), params, limits)
     if params.bad_words:
         params.tokenize_bad_words(encode)
     return AdmittedPrompt(ids, text)
-
-
-def _kept_tokens(params: SamplingParams, limits: PromptLimits) -> int:
-    """truncate_prompt_tokens as a count: -1 keeps as many as fit beside max_tokens (vLLM's -1, the
-    model's whole length, would leave no room for a token)."""
-    if params.truncate_prompt_tokens == -1:
-        return max(1, limits.max_model_len - (params.max_tokens or 1))
-    return params.truncate_prompt_tokens  # type: ignore[return-value]
 
 
 def _check_length(num_tokens: int, params: SamplingParams, limits: PromptLimits) -> None:

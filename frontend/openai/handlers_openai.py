@@ -16,7 +16,7 @@ from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest,
 from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
 from kvserve.frontend.openai.generation import Call, respond
 from kvserve.frontend.openai.tools import ToolRequest, render_messages
-from kvserve.seam.limits import DEFAULT_MAX_TOKENS
+from kvserve.seam.limits import DEFAULT_MAX_TOKENS, kept_prompt_tokens
 
 
 def _context_error(prompt_len: int, max_tokens: int, limit: int, param: str) -> ApiError:
@@ -36,7 +36,9 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
     limit = gateway.config.max_model_len
     if limit is None:
         return
-    prompt_len = _kept_prompt_len(len(prompt_ids), sampling, limit)
+    # as the engine will cut it; a max_tokens still to be filled in leaves room for one token
+    prompt_len = kept_prompt_tokens(len(prompt_ids), sampling.get("truncate_prompt_tokens"),
+                                    sampling.get("max_tokens"), limit)
     if "max_tokens" not in sampling:
         if not fill_default:
             return
@@ -47,17 +49,6 @@ def _check_context(gateway: Gateway, prompt_ids: list[int], sampling: dict, para
         raise _context_error(prompt_len, sampling["max_tokens"], limit, param)
 
 
-def _kept_prompt_len(num_tokens: int, sampling: dict, limit: int) -> int:
-    """The prompt's length after `truncate_prompt_tokens`, as the engine's admission cuts it
-    (-1: as many as fit beside max_tokens, or beside one token when max_tokens is to be filled)."""
-    keep = sampling.get("truncate_prompt_tokens")
-    if keep is None:
-        return num_tokens
-    if keep == -1:
-        keep = max(1, limit - sampling.get("max_tokens", 1))
-    return min(num_tokens, keep)
-
-
 async def _prompt_ids(gateway: Gateway, req: CompletionRequest) -> list[list[int]]:
     """Each prompt's token ids as the engine reads them (return_token_ids): a text is tokenized
     with the same tokenizer files and special tokens the engine uses, and cut as it cuts them."""
@@ -66,10 +57,9 @@ async def _prompt_ids(gateway: Gateway, req: CompletionRequest) -> list[list[int
     for prompt in req.prompts:
         ids = prompt if isinstance(prompt, list) else await tok.encode_async(prompt, add_special_tokens=True)
         limit = gateway.config.max_model_len
-        if "truncate_prompt_tokens" in req.sampling and limit is not None:
-            # a completion without max_tokens gets the engine's default, which -1 leaves room for
-            sampling = {"max_tokens": DEFAULT_MAX_TOKENS, **req.sampling}
-            ids = ids[-_kept_prompt_len(len(ids), sampling, limit):]
+        if limit is not None:  # a completion without max_tokens gets the engine's default
+            ids = ids[-kept_prompt_tokens(len(ids), req.sampling.get("truncate_prompt_tokens"),
+                                          req.sampling.get("max_tokens", DEFAULT_MAX_TOKENS), limit):]
         out.append(ids)
     return out
 

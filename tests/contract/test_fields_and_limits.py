@@ -81,3 +81,12 @@ def test_kv_cache_dtype_choices_are_the_engines() -> None:
     """The gateway's --kv-cache-dtype choices (it may not import the engine) are EngineConfig's."""
     flag = next(f for f in ENGINE_FLAGS if f.flag == "--kv-cache-dtype")
     assert tuple(flag.choices) == KV_CACHE_DTYPES
+
+
+def test_kept_prompt_tokens_is_the_rule_both_sides_cut_by() -> None:
+    from kvserve.seam.limits import kept_prompt_tokens
+    assert kept_prompt_tokens(100, None, 16, 64) == 100  # unset: all (the context check refuses it later)
+    assert kept_prompt_tokens(100, 30, 16, 64) == 30 and kept_prompt_tokens(10, 30, 16, 64) == 10
+    assert kept_prompt_tokens(100, -1, 16, 64) == 48  # as many as fit beside max_tokens
+    assert kept_prompt_tokens(100, -1, None, 64) == 63  # beside one token when max_tokens is open
+    assert kept_prompt_tokens(100, -1, 80, 64) == 1  # never none
