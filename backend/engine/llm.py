@@ -1,6 +1,7 @@
 """Offline API: `LLM(model=..., **engine_args).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import fields
 from typing import Any, Sequence
@@ -30,11 +31,13 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion through the continuous-batching scheduler, outputs in order.
 
         `lora_request`: one adapter for every prompt, or one per prompt (None: the base model), as
-        vLLM takes it; an adapter not yet registered is registered (read and checked) first."""
+        vLLM takes it; an adapter not yet registered is registered (read and checked) first.
+        `priority`: one per prompt, as vLLM takes it (lower first; needs scheduling_policy="priority")."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
@@ -44,6 +47,11 @@ class LLM:
         loras = (list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts))
         if len(loras) != len(prompts):
             raise ValueError("lora_request: need one per prompt, or a single one for all")
+        if priority is not None:
+            if len(priority) != len(prompts):
+                raise ValueError("priority: need one per prompt")
+            params_list = [p if p.priority == level else dataclasses.replace(p, priority=level)
+                           for p, level in zip(params_list, priority)]
         for lora in dict.fromkeys(x for x in loras if x is not None):
             self.engine.add_lora(lora)
         order: list[str] = []

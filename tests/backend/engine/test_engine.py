@@ -179,5 +179,10 @@ def test_priority_is_honoured_only_under_the_priority_policy(llm, llama_dir):
             if out.finished:
                 order.append(out.request_id)
     assert order == ["third-urgent", "second", "first-but-low"]  # one at a time, most urgent first
+    # vLLM's offline form: one priority per prompt, beside the sampling parameters
+    outs = by_priority.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[3, -3])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2]
+    with pytest.raises(ValueError, match="^priority"):
+        by_priority.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[1])
     with pytest.raises(ValueError, match="^scheduling_policy"):
         LLM(model=llama_dir, scheduling_policy="lifo")
