@@ -118,6 +118,17 @@ def test_responses_parse_with_a_json_schema_text_format(oai) -> None:
     assert isinstance(out.output_parsed, Capital) and out.output_parsed.city
 
 
+def test_responses_output_text_logprobs_equal_the_chat_routes(oai) -> None:
+    out = oai.responses.create(model=MODEL, input=FRANCE, max_output_tokens=12, temperature=0, top_logprobs=2,
+                               include=["message.output_text.logprobs"])
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=12,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    got = out.output[0].content[0].logprobs
+    want = chat.choices[0].logprobs.content
+    assert [lp.token for lp in got] == [lp.token for lp in want] and len(got) == out.usage.output_tokens
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(got, want))
+
+
 def test_responses_two_turn_chain_with_previous_response_id(oai) -> None:
     first = oai.responses.create(model=MODEL, input="My name is Ada. Say hello to me.", temperature=0,
                                  max_output_tokens=24)

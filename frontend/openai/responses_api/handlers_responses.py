@@ -44,7 +44,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     chat = req.chat
     model, ids = await prepare_chat(gateway, chat, param="input")
     meta = ResponseMeta(new_id("resp"), int(time.time()), model, req.echo, store=req.store and store.enabled)
-    call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=False, include_usage=False,
+    call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=chat.logprobs, include_usage=False,
                 constraint_param=chat.constraint_param, tools=chat.tools, input_param="input")
     subs = subrequests(request, meta.id, [ids], chat.sampling, req.stream, gateway.lora_of(model))
     annotate_call(call, subs)

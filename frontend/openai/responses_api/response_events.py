@@ -33,6 +33,9 @@ class ResponseEvents:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # output items so far; the last may be open
         self.open = False
+        # include message.output_text.logprobs: entries not yet sent (their tokens' text held back);
+        # they go with the next text delta, or with output_text.done
+        self.pending_logprobs: list[dict[str, Any]] = []
 
     async def _send(self, writer: SseWriter, kind: str, **fields: Any) -> None:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -45,6 +48,7 @@ class ResponseEvents:
 
     async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
                     finish_reason: str | None, events: list[Event] | None) -> None:
+        self.pending_logprobs.extend(logprobs or [])
         if events is None:
             events = [Event("content", text)] if text else []
         for event in events:
@@ -75,14 +79,16 @@ class ResponseEvents:
         if not (self.open and self.items[-1]["type"] == "message"):
             await self._close(writer, "completed")
             await self._add(writer, message_item(new_id("msg"), "", "in_progress"))
-            self.items[-1]["text"] = ""
+            self.items[-1]["text"], self.items[-1]["logprobs"] = "", []
             await self._send(writer, "response.content_part.added", item_id=self.items[-1]["id"],
                              output_index=len(self.items) - 1, content_index=0, part=output_text(""))
         item = self.items[-1]
         if text:
             item["text"] += text
+            sent, self.pending_logprobs = self.pending_logprobs, []
+            item["logprobs"] += sent
             await self._send(writer, "response.output_text.delta", item_id=item["id"],
-                             output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[])
+                             output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=sent)
 
     async def _close(self, writer: SseWriter, status: str) -> None:
         if not self.open:
@@ -91,11 +97,12 @@ class ResponseEvents:
         index, item = len(self.items) - 1, self.items[-1]
         if item["type"] == "message":
             text = item.pop("text")
+            logprobs, self.pending_logprobs = item.pop("logprobs") + self.pending_logprobs, []
             await self._send(writer, "response.output_text.done", item_id=item["id"], output_index=index,
-                             content_index=0, text=text, logprobs=[])
+                             content_index=0, text=text, logprobs=logprobs)
             await self._send(writer, "response.content_part.done", item_id=item["id"], output_index=index,
-                             content_index=0, part=output_text(text))
-            self.items[-1] = item = message_item(item["id"], text, status)
+                             content_index=0, part=output_text(text, logprobs))
+            self.items[-1] = item = message_item(item["id"], text, status, logprobs)
         else:
             item["status"] = status
             await self._send(writer, "response.function_call_arguments.done", item_id=item["id"],
@@ -106,7 +113,7 @@ class ResponseEvents:
         await self._send(writer, "error", code=error.code, message=error.message, param=error.param)
         if self.open and self.items[-1]["type"] == "message":  # what it had said, as a whole item
             item = self.items[-1]
-            self.items[-1] = message_item(item["id"], item.pop("text"), "incomplete")
+            self.items[-1] = message_item(item["id"], item.pop("text"), "incomplete", item.pop("logprobs"))
         body = self.meta.body("failed", self.items, error=response_error(error))
         await self._send(writer, "response.failed", response=body)
         await writer.end()

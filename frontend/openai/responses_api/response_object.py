@@ -37,13 +37,14 @@ class ResponseMeta:
         }
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [output_text(text)] if status != "in_progress" else []}
+            "content": [output_text(text, logprobs)] if status != "in_progress" else []}
 
 
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`logprobs`: the chat route's entries ({token, logprob, bytes, top_logprobs}), OpenAI's shape here too."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def output_items(state: ChoiceState) -> list[dict[str, Any]]:
     items = []
     text = "".join(state.text)
     if text or not state.tool_calls:
-        items.append(message_item(new_id("msg"), text, status))
+        items.append(message_item(new_id("msg"), text, status, state.chat_lp))
     for call in state.tool_calls or []:
         fn = call["function"]
         items.append(function_call_item(new_id("fc"), call["id"], fn["name"], fn["arguments"], status))

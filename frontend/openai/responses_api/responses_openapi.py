@@ -7,6 +7,7 @@ from typing import Any
 
 from kvserve.frontend.openai.tools import MAX_TOOLS
 from kvserve.frontend.openai.responses_api.responses_request import MAX_METADATA
+from kvserve.seam.limits import MAX_LOGPROBS
 
 
 def _number(lo: float, hi: float | None = None, *, integer: bool = False, exclusive_lo: bool = False) -> dict[str, Any]:
@@ -56,6 +57,11 @@ def responses_schemas() -> dict[str, Any]:
             "truncation": {"type": "string", "enum": ["disabled", "auto"], "nullable": True,
                            "description": "auto is refused"},
             "user": {"type": "string", "maxLength": 256, "nullable": True},
+            "include": {"type": "array", "nullable": True,
+                        "items": {"type": "string", "enum": ["message.output_text.logprobs"]},
+                        "description": "message.output_text.logprobs: each output_text part (and delta) lists its "
+                                       "tokens' logprobs; other values are refused"},
+            "top_logprobs": {**_number(0, MAX_LOGPROBS, integer=True), "description": "alternatives per token"},
         }},
         "Response": {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
                      "properties": {

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, not_supported
 from kvserve.frontend.openai.api_requests import MAX_MESSAGES, ChatRequest, parse_chat
+from kvserve.seam.limits import MAX_LOGPROBS
 from kvserve.frontend.openai.tools import ToolSettings, checked_tool_list
 
 # vLLM's sampling extensions a client may add (extra_body), passed on to the chat parser.
@@ -22,7 +23,9 @@ _PASSED_THROUGH = ("temperature", "top_p", "top_k", "seed", "min_p", "min_tokens
                    "stop", "stop_token_ids", "skip_special_tokens", "parallel_tool_calls", "user")
 # Responses features this server does not have: refused when set, never ignored.
 _UNSUPPORTED = {"conversation": "conversations (use previous_response_id)", "prompt": "prompt templates",
-                "include": "'include'", "top_logprobs": "logprobs in responses", "max_tool_calls": "'max_tool_calls'"}
+                "max_tool_calls": "'max_tool_calls'"}
+# `include` values: the output text's logprobs; the rest name built-in tools, images and reasoning
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 MAX_METADATA = 16
@@ -76,15 +79,34 @@ def parse_responses_request(body: dict[str, Any], vocab_size: int | None, tool_s
         chat["max_tokens"] = F.opt_int(body, "max_output_tokens", 1)
     chat.update({name: body[name] for name in _PASSED_THROUGH if body.get(name) is not None})
     chat.update(_tools(body.get("tools"), body.get("tool_choice")))
+    chat.update(_logprobs(body))
     fmt = _text_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
     req = parse_chat(chat, vocab_size, tool_settings)
+    if req.logprobs and req.tools is not None and req.tools.parses_calls:
+        # a token's logprob would have to be split between the text and the calls read out of it
+        raise not_supported("include", "output text logprobs with tools whose calls are read from the text")
     if req.constraint_param == "response_format":
         req.constraint_param = "text.format"
     store = F.opt_bool(body, "store")
     return ResponsesRequest(req, bool(F.opt_bool(body, "stream")), True if store is None else store,
                             conversation, _echo(body, instructions, previous))
+
+
+def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
+    """`include: ["message.output_text.logprobs"]` and `top_logprobs` (0-20): the chat route's
+    logprobs, which the output_text parts and their deltas carry in the same shape."""
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(v, str) for v in include)):
+        raise bad_request("'include' must be a list of strings", param="include")
+    other = [v for v in include or [] if v != LOGPROBS_INCLUDE]
+    if other:
+        raise not_supported("include", f"'include' values other than {LOGPROBS_INCLUDE!r}")
+    top = F.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if not include and top is None:
+        return {}
+    return {"logprobs": True, "top_logprobs": top or 0}
 
 
 def _check_reasoning(value: Any) -> None:

@@ -67,6 +67,25 @@ def test_stream_sends_typed_events_in_order_and_the_same_text(client: openai.Ope
     assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
 
 
+def test_output_text_logprobs_whole_and_streamed(client: openai.OpenAI) -> None:
+    kw = dict(model="tiny", input="hi", max_output_tokens=3, include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = client.responses.create(**kw)
+    logprobs = whole.output[0].content[0].logprobs
+    assert len(logprobs) == 3 and all(len(lp.top_logprobs) == 2 for lp in logprobs)  # one per output token
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          logprobs=True, top_logprobs=2)
+    assert [lp.model_dump() for lp in logprobs] == [lp.model_dump() for lp in chat.choices[0].logprobs.content]
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+    final = events[-1].response  # response.incomplete: max_output_tokens ended it
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert streamed == [lp.token for lp in done.logprobs] == [lp.token for lp in logprobs]
+    assert [lp.token for lp in final.output[0].content[0].logprobs] == streamed
+    plain = client.responses.create(model="tiny", input="hi", max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs == []  # not asked for
+
+
 def test_previous_response_id_continues_the_stored_conversation(client: openai.OpenAI, server) -> None:
     first = client.responses.create(model="tiny", input="first question", max_output_tokens=3)
     again = client.responses.retrieve(first.id)
@@ -124,6 +143,9 @@ def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) ->
     ({"input": "x", "tools": [{"type": "function", "name": "f", "strict": "yes"}]}, 400, "tools"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, 400, "text.format"),
     ({"input": "x", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, 400, "include"),
+    ({"input": "x", "include": "message.output_text.logprobs"}, 400, "include"),
+    ({"input": "x", "top_logprobs": 21}, 400, "top_logprobs"),
     ({"input": "x", "model": "gpt-9"}, 404, "model"),
 ])
 def test_bad_input_gets_the_status_and_openai_error_shape(server, body, status, param) -> None:
