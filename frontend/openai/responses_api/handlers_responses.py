@@ -10,10 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
-from kvserve.frontend.http import GATEWAY, read_json_body, request_key_id
+from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_key_id
 from kvserve.frontend.openai.api_errors import ApiError
 from kvserve.frontend.openai.generation import Call, annotate_call, collect, stream_call
-from kvserve.frontend.openai.handlers_openai import prepare_chat, subrequests
+from kvserve.frontend.openai.api_requests import ChatRequest
+from kvserve.frontend.openai.handlers_openai import chat_prompt_ids, prepare_chat, subrequests
 from kvserve.frontend.openai.responses_api.response_events import ResponseEvents
 from kvserve.frontend.openai.responses_api.response_object import (ResponseMeta, items_as_messages, new_id,
                                                                    output_items, response_status, usage_body)
@@ -42,6 +43,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
     req = parse_responses_request(body, gateway.vocab_size, gateway.config.tools, history)
     chat = req.chat
+    if req.echo.get("truncation") == "auto":
+        chat.messages = await _fitting_messages(gateway, chat)
     model, ids = await prepare_chat(gateway, chat, param="input")
     meta = ResponseMeta(new_id("resp"), int(time.time()), model, req.echo, store=req.store and store.enabled)
     call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=chat.logprobs, include_usage=False,
@@ -61,6 +64,43 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     response = meta.body(status, items, usage_body(usage, choices), incomplete=incomplete)
     keep(response, items)
     return web.json_response(response)
+
+
+async def _fitting_messages(gateway: Gateway, chat: ChatRequest) -> list[dict[str, Any]]:
+    """truncation "auto": the conversation without as few of its oldest items as make it fit beside
+    max_output_tokens (system messages and the last item stay; what is stored keeps them all). The
+    number to drop is found by bisection over renders, so a long conversation costs a few renders.
+    When nothing fits, it is left whole and the context check refuses it as ever."""
+    limit = gateway.config.max_model_len
+    messages = chat.messages
+    droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+    if limit is None or not droppable:
+        return messages
+    room = limit - chat.sampling.get("max_tokens", 1)
+
+    async def fits(k: int) -> bool:
+        gone = set(droppable[:k])
+        try:
+            ids = await chat_prompt_ids(gateway, [m for i, m in enumerate(messages) if i not in gone],
+                                        chat.add_generation_prompt, chat.tools, "input",
+                                        template_kwargs=chat.template_kwargs)
+        except ApiError:  # a template that refuses what is left (roles out of turn): not this cut
+            return False
+        return len(ids) <= room
+
+    if await fits(0):
+        return messages
+    low, high = 1, len(droppable)
+    if not await fits(high):
+        return messages
+    while low < high:
+        mid = (low + high) // 2
+        if await fits(mid):
+            high = mid
+        else:
+            low = mid + 1
+    dropped = set(droppable[:low])
+    return [m for i, m in enumerate(messages) if i not in dropped]
 
 
 async def get_response(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ class ResponseMeta:
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "model": self.model, "output": output, "usage": usage, "store": self.store,
-            "truncation": "disabled", "reasoning": None, **self.echo,
+            "truncation": "disabled", "reasoning": None, **self.echo,  # the echo's truncation wins
         }
 
 

@@ -55,7 +55,7 @@ def responses_schemas() -> dict[str, Any]:
             "metadata": {"type": "object", "nullable": True, "maxProperties": MAX_METADATA,
                          "additionalProperties": {"type": "string", "maxLength": 512}},
             "truncation": {"type": "string", "enum": ["disabled", "auto"], "nullable": True,
-                           "description": "auto is refused"},
+                           "description": "auto: the oldest input items are dropped until the input fits"},
             "user": {"type": "string", "maxLength": 256, "nullable": True},
             "include": {"type": "array", "nullable": True,
                         "items": {"type": "string", "enum": ["message.output_text.logprobs"]},

@@ -57,8 +57,8 @@ def parse_responses_request(body: dict[str, Any], vocab_size: int | None, tool_s
     if F.opt_bool(body, "background"):
         raise not_supported("background", "background responses (background: true)")
     _check_reasoning(body.get("reasoning"))
-    if body.get("truncation") not in (None, "disabled"):
-        raise not_supported("truncation", "truncation other than 'disabled'")
+    if body.get("truncation") not in (None, "disabled", "auto"):
+        raise bad_request("'truncation' must be \"disabled\" or \"auto\"", param="truncation")
     if body.get("input") is None:
         raise bad_request("'input' is required", param="input")
     previous = F.opt_str(body, "previous_response_id", max_len=128, allow_empty=False)
@@ -130,6 +130,7 @@ def _echo(body: dict[str, Any], instructions: str | None, previous: str | None) 
         "metadata": metadata or {},
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,  # null: the default, a bool
         "previous_response_id": previous,
+        "truncation": body.get("truncation") or "disabled",
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "text": {"format": body["text"]["format"]} if isinstance(body.get("text"), dict)

@@ -115,6 +115,31 @@ def two_keys(tokenizer_dir):
         yield srv
 
 
+@pytest.fixture(scope="module")
+def short_context(tokenizer_dir):
+    with GatewayServer(FakeBackend(), GatewayConfig(served_model_names=["tiny"], max_model_len=96), tokenizer_dir) as srv:
+        yield srv
+
+
+def test_truncation_auto_drops_the_oldest_items_until_the_input_fits(short_context) -> None:
+    client = openai.OpenAI(base_url=f"{short_context.url}/v1", api_key="unused", max_retries=0, timeout=10)
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 6}
+             for i in range(12)]
+    kw = dict(model="tiny", instructions="be brief", input=turns, max_output_tokens=8)
+    with pytest.raises(openai.BadRequestError) as info:  # disabled, the default: too long is a 400
+        client.responses.create(**kw)
+    assert info.value.body["code"] == "context_length_exceeded"
+    out = client.responses.create(truncation="auto", **kw)
+    assert out.truncation == "auto" and out.status == "incomplete"  # answered, up to max_output_tokens
+    prompt = short_context.tokenizer.decode(short_context.backend.requests[-1].prompt, skip_special_tokens=False)
+    assert len(short_context.backend.requests[-1].prompt) + 8 <= 96
+    assert "be brief" in prompt and "turn 11" in prompt and "turn 0 " not in prompt  # the oldest went
+    kept = [i for i in range(12) if f"turn {i} " in prompt]
+    assert kept == list(range(kept[0], 12))  # a suffix of the conversation: only the oldest were dropped
+    short = client.responses.create(truncation="auto", model="tiny", input="hi", max_output_tokens=2)
+    assert "hi" in short_context.tokenizer.decode(short_context.backend.requests[-1].prompt) and short.output_text
+
+
 def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) -> None:
     one = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-one", max_retries=0, timeout=10)
     two = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-two", max_retries=0, timeout=10)
