@@ -147,12 +147,15 @@ def draw_row(scaled: torch.Tensor, row: SamplingRow) -> int:
     return int(_draw(scaled, [row])[0])
 
 
-def _apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+def _apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> bool:
     """vLLM's allowed_token_ids (every other id masked) and bad_words (a word's last token masked
-    where the output ends with the rest of the word), in place, to -inf."""
+    where the output ends with the rest of the word), in place, to -inf. True when a row has
+    allowed ids: such a row can be left with no token (min_tokens banning the only ones)."""
+    restricted = False
     for i, r in enumerate(rows):
         p = r.params
         if p.allowed_token_ids is not None:
+            restricted = True
             if p.allowed_index is None or p.allowed_index.device != logits.device:
                 # once per request, not per step: a list of 100k ids takes milliseconds to convert
                 p.allowed_index = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=logits.device)
@@ -164,6 +167,7 @@ def _apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
                       if len(w) == 1 or (len(r.output_ids) >= len(w) - 1 and r.output_ids[len(r.output_ids) - len(w) + 1:] == w[:-1])]
             if banned:
                 logits[i, banned] = float("-inf")
+    return restricted
 
 
 class Sampler:
@@ -183,7 +187,7 @@ class Sampler:
         if constrain is not None:
             constrain(logits)
         self._bias_and_min_tokens(logits, rows)
-        _apply_bans(logits, rows)
+        restricted = _apply_bans(logits, rows)
         _apply_penalties(logits, rows)
 
         flags = [r.params.greedy for r in rows]
@@ -195,7 +199,7 @@ class Sampler:
                                  device=logits.device)
             sampled = _draw(_filter(logits.div_(temps[:, None]), rows), rows)  # greedy rows: divided by 1
             token_ids = sampled if token_ids is None else torch.where(greedy, token_ids, sampled)
-        if constrain is not None or any(r.params.allowed_token_ids is not None for r in rows):
+        if constrain is not None or restricted:
             token_ids = torch.where(torch.isinf(logits).all(dim=-1), NO_TOKEN, token_ids)
         return self._package(token_ids.tolist(), raw_logprobs, rows)
 

@@ -145,15 +145,25 @@ async def chat_prompt_ids(gateway: Gateway, messages: list[dict], add_generation
     return ids
 
 
-async def prepare_chat(gateway: Gateway, req: ChatRequest, param: str = "messages") -> tuple[str, list[int]]:
+async def chat_request_ids(gateway: Gateway, req: ChatRequest, param: str = "messages",
+                           messages: list[dict] | None = None) -> list[int]:
+    """A validated chat request's conversation (or `messages` in its place) rendered and tokenized
+    as the request's own settings say."""
+    return await chat_prompt_ids(gateway, req.messages if messages is None else messages, req.add_generation_prompt,
+                                 req.tools, param, continue_final_message=req.continue_final_message,
+                                 template_kwargs=req.template_kwargs, add_special_tokens=bool(req.add_special_tokens))
+
+
+async def prepare_chat(gateway: Gateway, req: ChatRequest, param: str = "messages",
+                       ids: list[int] | None = None) -> tuple[str, list[int]]:
     """(the served model name, the prompt's token ids) of a validated chat request: the tenant's
-    cache salt applied, the conversation rendered with the chat template, the context checked,
-    the backend ready. `param` names the field the conversation came from in errors."""
+    cache salt applied, the conversation rendered with the chat template (unless the caller did:
+    `ids`), the context checked, the backend ready. `param` names the field the conversation came
+    from in errors."""
     model = gateway.resolve_model(req.model)
     _apply_tenant_salt(gateway, req.sampling)
-    ids = await chat_prompt_ids(gateway, req.messages, req.add_generation_prompt, req.tools, param,
-                                continue_final_message=req.continue_final_message,
-                                template_kwargs=req.template_kwargs, add_special_tokens=bool(req.add_special_tokens))
+    if ids is None:
+        ids = await chat_request_ids(gateway, req, param)
     _check_context(gateway, ids, req.sampling, param, fill_default=True)
     await gateway.ensure_ready()
     return model, ids

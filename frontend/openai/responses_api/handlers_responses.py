@@ -14,7 +14,7 @@ from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_key_
 from kvserve.frontend.openai.api_errors import ApiError
 from kvserve.frontend.openai.generation import Call, annotate_call, collect, stream_call
 from kvserve.frontend.openai.api_requests import ChatRequest
-from kvserve.frontend.openai.handlers_openai import chat_prompt_ids, prepare_chat, subrequests
+from kvserve.frontend.openai.handlers_openai import chat_request_ids, prepare_chat, subrequests
 from kvserve.frontend.openai.responses_api.response_events import ResponseEvents
 from kvserve.frontend.openai.responses_api.response_object import (ResponseMeta, items_as_messages, new_id,
                                                                    output_items, response_status, usage_body)
@@ -43,9 +43,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
     req = parse_responses_request(body, gateway.vocab_size, gateway.config.tools, history)
     chat = req.chat
+    ids = None
     if req.echo.get("truncation") == "auto":
-        chat.messages = await _fitting_messages(gateway, chat)
-    model, ids = await prepare_chat(gateway, chat, param="input")
+        chat.messages, ids = await _fitting_messages(gateway, chat)
+    model, ids = await prepare_chat(gateway, chat, param="input", ids=ids)
     meta = ResponseMeta(new_id("resp"), int(time.time()), model, req.echo, store=req.store and store.enabled)
     call = Call(meta.id, meta.created_at, model, 1, chat=True, logprobs=chat.logprobs, include_usage=False,
                 constraint_param=chat.constraint_param, tools=chat.tools, input_param="input")
@@ -66,41 +67,44 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return web.json_response(response)
 
 
-async def _fitting_messages(gateway: Gateway, chat: ChatRequest) -> list[dict[str, Any]]:
+async def _fitting_messages(gateway: Gateway, chat: ChatRequest) -> tuple[list[dict[str, Any]], list[int] | None]:
     """truncation "auto": the conversation without as few of its oldest items as make it fit beside
-    max_output_tokens (system messages and the last item stay; what is stored keeps them all). The
-    number to drop is found by bisection over renders, so a long conversation costs a few renders.
-    When nothing fits, it is left whole and the context check refuses it as ever."""
+    max_output_tokens (system messages and the last item stay; what is stored keeps them all), and
+    its token ids, which the call then uses rather than render it again (None: not rendered here).
+    The number to drop is found by bisection over renders, so a long conversation costs a few
+    renders. When nothing fits, it is left whole and the context check refuses it as ever."""
     limit = gateway.config.max_model_len
     messages = chat.messages
     droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
     if limit is None or not droppable:
-        return messages
+        return messages, None
     room = limit - chat.sampling.get("max_tokens", 1)
+    fitting: dict[int, tuple[list[dict[str, Any]], list[int]]] = {}  # cut -> (what is left, its ids)
 
     async def fits(k: int) -> bool:
         gone = set(droppable[:k])
+        kept = [m for i, m in enumerate(messages) if i not in gone]
         try:
-            ids = await chat_prompt_ids(gateway, [m for i, m in enumerate(messages) if i not in gone],
-                                        chat.add_generation_prompt, chat.tools, "input",
-                                        template_kwargs=chat.template_kwargs)
+            ids = await chat_request_ids(gateway, chat, "input", kept)
         except ApiError:  # a template that refuses what is left (roles out of turn): not this cut
             return False
-        return len(ids) <= room
+        if len(ids) > room:
+            return False
+        fitting[k] = kept, ids
+        return True
 
     if await fits(0):
-        return messages
+        return fitting[0]
     low, high = 1, len(droppable)
     if not await fits(high):
-        return messages
+        return messages, None
     while low < high:
         mid = (low + high) // 2
         if await fits(mid):
             high = mid
         else:
             low = mid + 1
-    dropped = set(droppable[:low])
-    return [m for i, m in enumerate(messages) if i not in dropped]
+    return fitting[low]
 
 
 async def get_response(request: web.Request) -> web.Response:
