@@ -14,7 +14,7 @@ from kvserve.frontend.openai.anthropic.messages_body import message_body
 from kvserve.frontend.openai.anthropic.messages_request import parse_messages_request
 from kvserve.frontend.openai.anthropic.messages_stream import MessagesStream
 from kvserve.frontend.openai.generation import Call, annotate_call, collect, stream_call
-from kvserve.frontend.openai.handlers_openai import chat_prompt_ids, prepare_chat, subrequests
+from kvserve.frontend.openai.handlers_openai import chat_request_ids, prepare_chat, subrequests
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
@@ -41,5 +41,5 @@ async def count_message_tokens(request: web.Request) -> web.Response:
     req = parse_messages_request({**body, "max_tokens": 1 if body.get("max_tokens") is None else body["max_tokens"]}, gateway.vocab_size,
                                  gateway.config.tools)
     await gateway.resolve_known_model(req.chat.model)
-    ids = await chat_prompt_ids(gateway, req.chat.messages, True, req.chat.tools)
+    ids = await chat_request_ids(gateway, req.chat)  # as the message would render it, a prefill left open
     return web.json_response({"input_tokens": len(ids)})

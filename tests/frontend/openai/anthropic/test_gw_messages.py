@@ -148,5 +148,9 @@ def test_count_tokens_counts_the_prompt_messages_would_send(claude, server) -> N
     counted = claude.messages.count_tokens(model="tiny", messages=HELLO, system="be brief")
     claude.messages.create(model="tiny", max_tokens=1, messages=HELLO, system="be brief")
     assert counted.input_tokens == len(server.backend.requests[-1].prompt)
+    prefilled = HELLO + [{"role": "assistant", "content": "Sure"}]  # the turn left open, not closed
+    counted = claude.messages.count_tokens(model="tiny", messages=prefilled)
+    claude.messages.create(model="tiny", max_tokens=1, messages=prefilled)
+    assert counted.input_tokens == len(server.backend.requests[-1].prompt)
     reply = post(f"{server.url}/v1/messages/count_tokens", {"model": "tiny"})
     assert reply.status == 400 and reply.json()["error"]["type"] == "invalid_request_error"
