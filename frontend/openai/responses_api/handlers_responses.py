@@ -72,11 +72,15 @@ async def _fitting_messages(gateway: Gateway, chat: ChatRequest) -> tuple[list[d
     max_output_tokens (system messages and the last item stay; what is stored keeps them all), and
     its token ids, which the call then uses rather than render it again (None: not rendered here).
     The number to drop is found by bisection over renders, so a long conversation costs a few
-    renders. When nothing fits, it is left whole and the context check refuses it as ever."""
+    renders. A cut never leaves a tool result whose call it dropped: the model would see an answer
+    to a question it never asked, and templates that pair them refuse it. When nothing fits, it is
+    left whole and the context check refuses it as ever."""
     limit = gateway.config.max_model_len
     messages = chat.messages
     droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
-    if limit is None or not droppable:
+    first_kept = droppable[1:] + [len(messages) - 1]  # first_kept[k - 1]: the oldest item a cut of k keeps
+    cuts = [k for k in range(1, len(droppable) + 1) if messages[first_kept[k - 1]]["role"] != "tool"]
+    if limit is None or not cuts:
         return messages, None
     room = limit - chat.sampling.get("max_tokens", 1)
     fitting: dict[int, tuple[list[dict[str, Any]], list[int]]] = {}  # cut -> (what is left, its ids)
@@ -95,16 +99,16 @@ async def _fitting_messages(gateway: Gateway, chat: ChatRequest) -> tuple[list[d
 
     if await fits(0):
         return fitting[0]
-    low, high = 1, len(droppable)
-    if not await fits(high):
+    low, high = 0, len(cuts) - 1  # bisection over the allowed cuts, fewest dropped first
+    if not await fits(cuts[high]):
         return messages, None
     while low < high:
         mid = (low + high) // 2
-        if await fits(mid):
+        if await fits(cuts[mid]):
             high = mid
         else:
             low = mid + 1
-    return fitting[low]
+    return fitting[cuts[low]]
 
 
 async def get_response(request: web.Request) -> web.Response:

@@ -140,6 +140,32 @@ def test_truncation_auto_drops_the_oldest_items_until_the_input_fits(short_conte
     assert "hi" in short_context.tokenizer.decode(short_context.backend.requests[-1].prompt) and short.output_text
 
 
+@pytest.fixture(scope="module")
+def tool_context(tokenizer_dir):  # room for a group or two of the conversation below
+    with GatewayServer(FakeBackend(), GatewayConfig(served_model_names=["tiny"], max_model_len=420), tokenizer_dir) as srv:
+        yield srv
+
+
+def test_truncation_auto_never_keeps_a_tool_result_without_its_call(tool_context) -> None:
+    server = tool_context
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=10)
+    items: list[dict] = []
+    for i in range(4):
+        items += [{"role": "user", "content": f"ask {i}"},
+                  {"type": "function_call", "call_id": f"c{i}", "name": f"fn{i}", "arguments": '{"q": 1}'},
+                  {"type": "function_call_output", "call_id": f"c{i}", "output": f"result {i} " + "word " * 5}]
+    items.append({"role": "user", "content": "last"})
+    seen_cuts = set()
+    for budget in range(2, 400, 13):  # each budget moves the cut: some would fall between a call and its result
+        client.responses.create(model="tiny", input=items, max_output_tokens=budget, truncation="auto")
+        prompt = server.tokenizer.decode(server.backend.requests[-1].prompt, skip_special_tokens=False)
+        kept = [i for i in range(4) if f"result {i} " in prompt]
+        for i in kept:
+            assert f"fn{i}" in prompt, (budget, prompt)
+        seen_cuts.add(tuple(kept))
+    assert len(seen_cuts) > 1  # the budgets did move the cut
+
+
 def test_another_keys_response_is_not_found_even_in_the_same_tenant(two_keys) -> None:
     one = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-one", max_retries=0, timeout=10)
     two = openai.OpenAI(base_url=f"{two_keys.url}/v1", api_key="sk-two", max_retries=0, timeout=10)
