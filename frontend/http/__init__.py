@@ -32,6 +32,7 @@ _EXPORTS = {
     "request_key_id": ".middleware",
     "request_span": ".middleware",
     "request_tenant": ".middleware",
+    "response_id": ".middleware",
     "start_app": ".app",
 }
 __all__ = sorted(_EXPORTS)

@@ -40,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # task, and this needs no aiohttp-version-specific request keys.
 _SPAN: contextvars.ContextVar[ServerSpan | None] = contextvars.ContextVar("kvserve_span", default=None)
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("kvserve_request_id", default="")
+_CLIENT_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_client_id", default=None)
 _TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_tenant", default=None)
 _KEY_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_key_id", default=None)
 # What probes and scrapers reach without a key; everything else needs one when keys are set.
@@ -55,6 +56,14 @@ def route_template(request: web.Request) -> str:
 
 def request_id() -> str:
     return _REQUEST_ID.get()
+
+
+def response_id(prefix: str, fresh: str, body_request_id: str | None = None) -> str:
+    """The id a response names itself by, as vLLM makes it: the client's X-Request-Id, else the
+    body's `request_id`, else `fresh` (the engine's own id for the call), after the object's
+    prefix ("chatcmpl-..."). A client's id need not be unique, so it is never the engine's key."""
+    chosen = _CLIENT_REQUEST_ID.get() or body_request_id
+    return fresh if chosen is None else f"{prefix}-{chosen}"
 
 
 def request_span() -> ServerSpan | None:
@@ -77,7 +86,9 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     route = route_template(request)
     incoming = request.headers.get("X-Request-Id", "")
-    rid = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+    chosen = incoming if _SAFE_ID.match(incoming) else None
+    _CLIENT_REQUEST_ID.set(chosen)
+    rid = chosen or uuid.uuid4().hex
     _REQUEST_ID.set(rid)
     span = start_server_span(request, route)
     _SPAN.set(span)

@@ -41,6 +41,8 @@ class CommonRequest:
     # vLLM's add_special_tokens: None is the route's default (completions add BOS and the like;
     # chat does not, its template writes them)
     add_special_tokens: bool | None
+    # vLLM's: the response's id (after "chatcmpl-"/"cmpl-") unless X-Request-Id names one
+    request_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +109,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "return_token_ids": bool(F.opt_bool(body, "return_token_ids")),
         "tokens_as_ids": bool(F.opt_bool(body, "return_tokens_as_token_ids")),
         "add_special_tokens": F.opt_bool(body, "add_special_tokens"),
+        "request_id": F.opt_str(body, "request_id", max_len=256, allow_empty=False),
     }
 
 
@@ -166,11 +169,7 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, n: int, *, chat: boo
         "priority": F.opt_int(body, "priority"),
     }
     values.update(_vocabulary_bans(body, vocab_size))
-    truncate = F.opt_int(body, "truncate_prompt_tokens", -1)
-    if truncate == 0:
-        raise bad_request("'truncate_prompt_tokens' must be -1 (as many as fit) or >= 1",
-                          param="truncate_prompt_tokens")
-    values["truncate_prompt_tokens"] = truncate
+    values["truncate_prompt_tokens"] = F.opt_prompt_truncation(body, "as many as fit")
     if body.get("stop_token_ids") is not None:
         values["stop_token_ids"] = F.token_ids(body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)
         if len(values["stop_token_ids"]) > MAX_STOP:

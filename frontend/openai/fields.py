@@ -71,6 +71,14 @@ def opt_number(
         raise bad_request(f"'{name}' is too large", param=name) from None
 
 
+def opt_prompt_truncation(body: dict[str, Any], minus_one: str) -> int | None:
+    """vLLM's `truncate_prompt_tokens`: keep the prompt's last N tokens; -1 means `minus_one`."""
+    truncate = opt_int(body, "truncate_prompt_tokens", -1)
+    if truncate == 0:
+        raise bad_request(f"'truncate_prompt_tokens' must be -1 ({minus_one}) or >= 1", param="truncate_prompt_tokens")
+    return truncate
+
+
 def opt_str(body: dict[str, Any], name: str, *, max_len: int = 1024, allow_empty: bool = True) -> str | None:
     value = body.get(name)
     if value is None:

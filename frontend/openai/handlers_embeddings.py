@@ -19,7 +19,7 @@ from aiohttp import web
 
 from kvserve.frontend.backend_client import (BackendError, EmbedRequest, EmbedResult, annotate_embeddings,
                                              backend_traceparent)
-from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_span
+from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, request_span, response_id
 from kvserve.frontend.openai import fields as F
 from kvserve.frontend.openai.api_errors import ApiError, bad_request, from_backend, model_not_found
 from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
@@ -36,6 +36,7 @@ class EmbeddingsRequest:
     encoding_format: str
     pooling: dict[str, Any]
     user: str | None
+    request_id: str | None = None  # vLLM's: the response's id (after "embd-") unless X-Request-Id names one
 
 
 def _inputs(value: Any) -> list[str] | list[list[int]]:
@@ -79,15 +80,13 @@ def parse_embeddings(body: dict[str, Any]) -> EmbeddingsRequest:
     if normalize is not None:
         pooling["normalize"] = normalize
     user = F.opt_str(body, "user", max_len=256)
-    return EmbeddingsRequest(model, inputs, encoding, pooling, user)
+    request_id = F.opt_str(body, "request_id", max_len=256, allow_empty=False)
+    return EmbeddingsRequest(model, inputs, encoding, pooling, user, request_id)
 
 
 def truncation(body: dict[str, Any]) -> dict[str, int]:
     """vLLM's `truncate_prompt_tokens` as the embed model's pooling option ({} when not set)."""
-    truncate = F.opt_int(body, "truncate_prompt_tokens", -1)
-    if truncate == 0:
-        raise bad_request("'truncate_prompt_tokens' must be -1 (the model's limit) or >= 1",
-                          param="truncate_prompt_tokens")
+    truncate = F.opt_prompt_truncation(body, "the model's limit")
     return {} if truncate is None else {"truncate_prompt_tokens": truncate}
 
 
@@ -149,7 +148,7 @@ async def create_embeddings(request: web.Request) -> web.Response:
     result = await embed(gateway, rid, model, req.inputs, req.pooling, "input")
     tokens = sum(result.prompt_tokens)
     return web.json_response({
-        "id": rid,
+        "id": response_id("embd", rid, req.request_id),
         "object": "list",
         "created": int(time.time()),
         "model": model,

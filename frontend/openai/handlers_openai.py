@@ -10,7 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from kvserve.frontend.backend_client import GenerateRequest, backend_traceparent
-from kvserve.frontend.http import GATEWAY, Gateway, effective_cache_salt, read_json_body, request_span, request_tenant
+from kvserve.frontend.http import (GATEWAY, Gateway, effective_cache_salt, read_json_body, request_span,
+                                   request_tenant, response_id)
 from kvserve.frontend.openai.api_errors import ApiError, bad_request
 from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
 from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
@@ -75,8 +76,8 @@ def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
         sampling["cache_salt"] = salt
 
 
-# Response and Triton request ids are always fresh uuids: the engine keys its
-# requests by id, so a client-chosen X-Request-Id (logs only) must not collide.
+# Triton request ids are always fresh uuids: the engine keys its requests by id, so an id the
+# client chose (X-Request-Id, `request_id`) names only the response (response_id) and the logs.
 def subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool,
                 lora_name: str | None = None) -> list[GenerateRequest]:
     """`lora_name`: the adapter the call's `model` names (Gateway.lora_of), None for the base model."""
@@ -109,9 +110,10 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             _check_context(gateway, prompt, req.sampling, "prompt", fill_default=False)
     await gateway.ensure_ready()
     rid = f"cmpl-{uuid.uuid4().hex}"
-    call = Call(rid, int(time.time()), model, req.n, chat=False, logprobs=req.logprobs is not None,
-                include_usage=req.include_usage, echo_texts=echo_texts, constraint_param=req.constraint_param,
-                prompt_logprobs=req.prompt_logprobs is not None, echo_only=req.echo_only,
+    call = Call(response_id("cmpl", rid, req.request_id), int(time.time()), model, req.n, chat=False,
+                logprobs=req.logprobs is not None, include_usage=req.include_usage, echo_texts=echo_texts,
+                constraint_param=req.constraint_param, prompt_logprobs=req.prompt_logprobs is not None,
+                echo_only=req.echo_only,
                 prompt_token_ids=await _prompt_ids(gateway, req) if req.return_token_ids else None,
                 tokens_as_ids=req.tokens_as_ids)
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
@@ -178,9 +180,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     final = req.messages[-1]
     # vLLM's chat echo heads the reply with the final message when it is the reply's own role
     echo_texts = [final["content"]] if req.echo and final["role"] == "assistant" else None
-    call = Call(rid, int(time.time()), model, req.n, chat=True, logprobs=req.logprobs, include_usage=req.include_usage,
-                echo_texts=echo_texts, constraint_param=req.constraint_param, tools=req.tools,
-                prompt_logprobs=req.prompt_logprobs is not None,
+    call = Call(response_id("chatcmpl", rid, req.request_id), int(time.time()), model, req.n, chat=True,
+                logprobs=req.logprobs, include_usage=req.include_usage, echo_texts=echo_texts,
+                constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None,
                 prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids)
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

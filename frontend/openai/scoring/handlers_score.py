@@ -9,7 +9,7 @@ import numpy as np
 from aiohttp import web
 
 from kvserve.frontend.backend_client import EmbedResult
-from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
+from kvserve.frontend.http import GATEWAY, Gateway, read_json_body, response_id
 from kvserve.frontend.openai.api_errors import ApiError
 from kvserve.frontend.openai.handlers_embeddings import embed, embedding_model_for
 from kvserve.frontend.openai.scoring.score_request import ScorePairs, parse_rerank, parse_score
@@ -23,7 +23,7 @@ async def create_score(request: web.Request) -> web.Response:
     rid = f"score-{uuid.uuid4().hex}"
     model, scores, tokens = await _score(gateway, rid, req, request.path)
     return web.json_response({
-        "id": rid, "object": "list", "created": int(time.time()), "model": model,
+        "id": response_id("score", rid), "object": "list", "created": int(time.time()), "model": model,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     })
@@ -41,7 +41,8 @@ async def create_rerank(request: web.Request) -> web.Response:
         if req.return_documents:
             result["document"] = {"text": req.documents[i]}
         results.append(result)
-    return web.json_response({"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results})
+    return web.json_response({"id": response_id("rerank", rid), "model": model, "usage": {"total_tokens": tokens},
+                              "results": results})
 
 
 async def _score(gateway: Gateway, rid: str, req: ScorePairs, route: str) -> tuple[str, list[float], int]:

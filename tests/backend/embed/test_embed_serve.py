@@ -155,8 +155,10 @@ def test_every_input_form_and_base64(served, embed_name, st_model):
     assert status == 200
     vector = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
     assert vector.shape == (384,) and _cosines([vector], ref)[0] >= MIN_COSINE
-    status, floats = served.post("/v1/embeddings", {"model": embed_name, "input": text, "user": "u-1"})
+    status, floats = served.post("/v1/embeddings", {"model": embed_name, "input": text, "user": "u-1",
+                                                    "request_id": "batch-3"})
     assert status == 200 and np.array_equal(np.array(floats["data"][0]["embedding"], dtype=np.float32), vector)
+    assert floats["id"] == "embd-batch-3"  # vLLM's request_id names the response
 
 
 def test_truncate_and_normalize(served, embed_name, st_model):

@@ -272,3 +272,21 @@ def test_health_version_metrics_openapi(server) -> None:
     doc = get(f"{server.url}/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
     assert doc["components"]["schemas"]["CompletionRequest"]["properties"]["n"]["maximum"] == 16
+
+
+def test_response_ids_take_the_clients_id_as_vllm_does_and_engine_ids_stay_unique(client, server) -> None:
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert post(f"{server.url}/v1/chat/completions", {**chat, "request_id": "job-7"}).json()["id"] == "chatcmpl-job-7"
+    both = post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1, "request_id": "body-id"},
+                headers={"X-Request-Id": "header-id"})
+    assert both.json()["id"] == "cmpl-header-id" and both.headers["x-request-id"] == "header-id"  # the header wins
+    streamed = client.chat.completions.create(stream=True, extra_body={"request_id": "job-8"}, **chat)
+    assert {chunk.id for chunk in streamed} == {"chatcmpl-job-8"}
+    # one id sent twice (a retry, or two clients that agree on ids) is two requests to the engine
+    for _ in range(2):
+        post(f"{server.url}/v1/chat/completions", {**chat, "request_id": "job-7"})
+    first, second = server.backend.requests[-2:]
+    assert first.request_id != second.request_id and "job-7" not in first.request_id
+    unsafe = post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}, headers={"X-Request-Id": "a b"})
+    assert unsafe.json()["id"].startswith("cmpl-") and "a b" not in unsafe.json()["id"]  # an unsafe one is not taken
+    assert post(f"{server.url}/v1/completions", {"prompt": "x", "request_id": ""}).status == 400
