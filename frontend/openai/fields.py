@@ -72,7 +72,8 @@ def opt_number(
 
 
 def opt_prompt_truncation(body: dict[str, Any], minus_one: str) -> int | None:
-    """vLLM's `truncate_prompt_tokens`: keep the prompt's last N tokens; -1 means `minus_one`."""
+    """vLLM's `truncate_prompt_tokens`: read N of the prompt's tokens (generation keeps the last,
+    embeddings the first, as each model family is cut); -1 means `minus_one`."""
     truncate = opt_int(body, "truncate_prompt_tokens", -1)
     if truncate == 0:
         raise bad_request(f"'truncate_prompt_tokens' must be -1 ({minus_one}) or >= 1", param="truncate_prompt_tokens")

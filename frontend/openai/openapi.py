@@ -95,7 +95,13 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "truncate_prompt_tokens": {**_num(-1, integer=True), "not": {"enum": [0]},
                                    "description": "vLLM extension: read only the prompt's last N tokens "
                                                   "(-1: as many as fit beside max_tokens)"},
+        "request_id": _request_id(),
     }
+
+
+def _request_id() -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": 256, "nullable": True,
+            "description": "vLLM extension: the response's id after its prefix; an X-Request-Id header wins"}
 
 
 def _constraint_props() -> dict[str, Any]:
@@ -227,6 +233,7 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "truncate_prompt_tokens": {**_num(-1, integer=True),
                                        "description": "vLLM extension: keep the first N tokens (-1: the model's limit); 0 is refused"},
             "normalize": {**_bool(), "description": "vLLM extension: L2-normalise (default: as the model's files say)"},
+            "request_id": _request_id(),
         }},
         "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
             "id": {"type": "string"}, "object": {"type": "string", "enum": ["list"]}, "created": {"type": "integer"},
