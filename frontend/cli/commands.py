@@ -17,8 +17,17 @@ SUBCOMMANDS = {
 }
 
 
+def package_version() -> str:
+    """kvserve's installed version (GET /version and `kvserve --version` say it)."""
+    try:
+        from importlib.metadata import version
+        return version("kvserve")
+    except Exception:  # run from a source tree that was never installed
+        return "0.1.0"
+
+
 def _usage() -> str:
-    lines = ["usage: kvserve <command> [options]", "", "commands:"]
+    lines = ["usage: kvserve <command> [options]   (kvserve --version: the version)", "", "commands:"]
     lines += [f"  {name:<16} {text}" for name, (_, text) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
@@ -27,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if args[0] in ("-v", "--version"):  # as `vllm --version`
+        print(package_version())
         return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:

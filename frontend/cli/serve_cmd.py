@@ -21,6 +21,7 @@ import kvserve.frontend
 from kvserve.frontend.backend_client import (BackendClient, TritonBackendClient, TritonEmbeddingClient,
                                              add_replica_flags, build_backend, is_dns_url, is_remote,
                                              positive_number, validate_replica_flags)
+from kvserve.frontend.cli.commands import package_version
 from kvserve.frontend.cli.default_model import DEFAULT_MODEL_NAME, gateway_model_dir, looks_like_path, resolve_model
 from kvserve.frontend.cli.engine_flags import ENGINE_FLAGS, add_engine_flags, engine_env, parse_bytes
 from kvserve.frontend.cli.headless import add_node_flags, check_node_flags, run_headless
@@ -221,14 +222,6 @@ def start_host(args: argparse.Namespace, model_path: Path, served_name: str,
     return host, client, embedder
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("kvserve")
-    except Exception:
-        return "0.1.0"
-
-
 def _raise_exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -334,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             log_requests=bool(args.log_requests),
             cors=cors_policy_from_args(args),
             hosts=host_policy_from_args(args),
-            version=_version(),
+            version=package_version(),
             shutdown_timeout=args.shutdown_timeout,
             tools=ToolSettings(auto=args.enable_auto_tool_choice, parser=args.tool_call_parser),
             response_store_entries=0 if args.disable_response_store else max(0, args.response_store_size),

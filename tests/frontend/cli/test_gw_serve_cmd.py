@@ -198,3 +198,10 @@ def test_serve_process_against_remote_triton(tokenizer_dir: Path) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=15) == 0
+
+
+def test_version_flag_prints_the_version_get_version_reports(capsys) -> None:
+    from kvserve.frontend.cli.commands import main, package_version
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == package_version()
+    assert main(["-v"]) == 0 and capsys.readouterr().out.strip() == package_version()
+    assert main(["--nope"]) == 2 and "unknown command" in capsys.readouterr().err
