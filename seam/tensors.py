@@ -57,6 +57,13 @@ LORA_CONTROL_PARAM = "kvserve_lora"
 LORA_ACTIONS = ("list", "load", "unload")
 LORA_ADAPTER_KEYS = ("name", "path", "parent")  # parent: --lora-modules base_model_name, or null
 
+# ---- Engine control ------------------------------------------------------------------------------
+# A request with this string parameter (and no inputs) acts on the engine: its value is one of
+# ENGINE_ACTIONS. One FINAL response whose TEXT_OUTPUT is JSON {"action": ..., "forgotten_blocks":
+# N} (reset_prefix_cache: the cached blocks the engine forgot); or an error (INVALID: unknown action).
+ENGINE_CONTROL_PARAM = "kvserve_engine"
+ENGINE_ACTIONS = ("reset_prefix_cache",)
+
 # The keys of `sampling_parameters`: SamplingParams' init fields (tests/contract checks both ways).
 SAMPLING_FIELDS = frozenset({
     "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",

@@ -16,6 +16,8 @@ A constrained request (structured outputs) is compiled on the grammar pool
 before it reaches the engine thread: the thread parks it until its grammar is
 ready, refuses it with a 400 naming the field when it does not compile or takes
 longer than the time bound, and keeps stepping everyone else meanwhile.
+Work on the engine's own state (reset_prefix_cache) is queued the same way and runs between
+two steps, on the engine thread; the caller waits for its answer.
 If a forward pass fails, every in-flight request ends with an error output and
 the engine keeps serving new requests (it does not exit); `healthy()` is False
 for FAULT_UNHEALTHY_S after each failure, so readiness probes see the fault.
@@ -29,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvserve.backend.engine.admission import AdmittedPrompt, admit, precheck
 from kvserve.backend.engine.config import EngineConfig
@@ -89,6 +91,13 @@ class _Abort:
     request_id: str
 
 
+@dataclass(slots=True)
+class _OnEngine:
+    """Work on the engine's state, run by the engine thread between two steps."""
+    work: Callable[[LLMEngine], object]
+    answer: Future
+
+
 class _Wake:
     """A grammar finished compiling: the engine thread looks at its parked requests."""
 
@@ -99,7 +108,7 @@ _WAKE = _Wake()
 class AsyncEngine:
     def __init__(self, config: EngineConfig, step_listeners: list[StepListener] | None = None) -> None:
         self.config = config
-        self._inbox: queue.SimpleQueue[_Add | _Abort | _Wake | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _OnEngine | _Wake | None] = queue.SimpleQueue()
         self._compiling: dict[str, _Add] = {}  # engine thread: requests waiting for their grammar
         self._callbacks: dict[str, OutputCallback] = {}
         # Requests added but not yet in the engine -> aborted meanwhile. Under _lock: any
@@ -234,6 +243,17 @@ class AsyncEngine:
             item.grammar = self.engine.grammars.submit(item.params.grammar)
         self._inbox.put(item)
 
+    def reset_prefix_cache(self, timeout: float = 30.0) -> int:
+        """The engine's reset_prefix_cache, between two steps: how many cached blocks it forgot."""
+        return self._on_engine(lambda engine: engine.reset_prefix_cache(), timeout)
+
+    def _on_engine(self, work: Callable[[LLMEngine], object], timeout: float):
+        if self._closed:
+            raise EngineClosed("unavailable: the engine is shutting down")
+        answer: Future = Future()
+        self._inbox.put(_OnEngine(work, answer))
+        return answer.result(timeout)
+
     def abort(self, request_id: str) -> None:
         """Abort a request, wherever it is: an abort before the request reached the engine wins."""
         with self._lock:
@@ -288,6 +308,8 @@ class AsyncEngine:
                 break
             if isinstance(item, _Add):
                 waiting.append(item)
+            elif isinstance(item, _OnEngine):
+                item.answer.set_exception(EngineClosed("unavailable: the engine is shutting down"))
         for item in waiting:
             self._reject(item, "unavailable: the engine is shutting down", ErrorKind.SHUTDOWN)
         for rid in list(self.engine.groups):
@@ -331,6 +353,12 @@ class AsyncEngine:
             if item is None:
                 return False
             if isinstance(item, _Wake):
+                continue
+            if isinstance(item, _OnEngine):
+                try:
+                    item.answer.set_result(item.work(self.engine))
+                except Exception as exc:  # the caller gets it; the engine thread goes on
+                    item.answer.set_exception(exc)
                 continue
             if isinstance(item, _Abort):
                 parked = self._compiling.pop(item.request_id, None)

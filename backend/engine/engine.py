@@ -579,6 +579,14 @@ class LLMEngine:
                 "spec_decode_proposer_errors_total": c.num_proposer_errors,
                 "spec_decode_accepted_per_position_total": tuple(c.accepted_per_position)}
 
+    def reset_prefix_cache(self) -> int:
+        """vLLM's reset_prefix_cache (after new weights, or between benchmark runs): no later request
+        reuses a prefix computed before it; requests running now keep their blocks and go on.
+        Returns how many cached blocks were forgotten."""
+        forgotten = self.kv.reset_prefix_cache()
+        log.info("prefix cache reset: %d cached blocks forgotten", forgotten)
+        return forgotten
+
     def recover_from_fault(self, message: str) -> list[RequestOutput]:
         """After a failed forward pass: fail every in-flight request and forget possibly unwritten prefixes."""
         outs = [o for rid in list(self.groups) if (o := self.fail(rid, message)) is not None]

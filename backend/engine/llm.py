@@ -67,6 +67,11 @@ class LLM:
                 _accumulate(results[out.request_id], out)
         return [results[rid] for rid in order]
 
+    def reset_prefix_cache(self) -> bool:
+        """As vLLM's LLM.reset_prefix_cache: later prompts reuse nothing computed before."""
+        self.engine.reset_prefix_cache()
+        return True
+
 
 def _accumulate(total: RequestOutput, delta: RequestOutput) -> None:
     total.prompt_token_ids = delta.prompt_token_ids

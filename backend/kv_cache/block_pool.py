@@ -137,10 +137,13 @@ class BlockPool:
         self.cached[block_hash] = block
         return True
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (after a failed forward pass left some blocks unwritten)."""
-        for block in list(self.cached.values()):
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (after a failed forward pass left some blocks unwritten, or
+        when asked to); blocks in use stay with their requests. Returns how many were forgotten."""
+        forgotten = list(self.cached.values())
+        for block in forgotten:
             self._evict(block)
+        return len(forgotten)
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:

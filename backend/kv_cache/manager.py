@@ -184,7 +184,11 @@ class KVCacheManager:
         for table in state.tables:
             self.pool.free_blocks([b for b in reversed(table) if b is not None], forget_hashes=not self.enable_caching)
 
-    def reset_prefix_cache(self) -> None:
-        self.pool.reset_prefix_cache()
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix; returns how many blocks were forgotten. A running request's
+        blocks so far are never registered again (after a fault they may be unwritten); those it
+        fills from now on are."""
+        forgotten = self.pool.reset_prefix_cache()
         for state in self._reqs.values():
-            state.num_cached_blocks = len(state.tables[0])  # never re-register possibly-unwritten blocks
+            state.num_cached_blocks = len(state.tables[0])
+        return forgotten

@@ -113,6 +113,15 @@ def is_describe_request(request) -> bool:
         return False
 
 
+def engine_control_action(request) -> str | None:
+    """The action of an engine control request (seam.tensors.ENGINE_CONTROL_PARAM), else None."""
+    try:
+        value = json.loads(request.parameters() or "{}").get(T.ENGINE_CONTROL_PARAM)
+    except (AttributeError, json.JSONDecodeError, TypeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 def describe_tensors(pb_utils, facts: dict) -> list:
     """The answer to a describe request: TEXT_OUTPUT holds the facts (seam.tensors.MODEL_FACTS) as JSON."""
     assert set(facts) == set(T.MODEL_FACTS), facts

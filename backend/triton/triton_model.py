@@ -21,16 +21,19 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvserve.backend.engine import (AsyncEngine, CompletionOutput, EngineClosed, EngineConfig, EngineOverloaded,
                                     RequestOutput, env_overrides)
 from kvserve.backend.models import DEFAULT_CHAT_MODEL, resolve_model_arg
 from kvserve.backend.triton.lora_adapters import (LoRAAdapters, listing_text, lora_control_text,
                                                   lora_settings_from_triton)
-from kvserve.backend.triton.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, is_describe_request,
-                                                  parse_request, prompt_logprob_tensors, text_tensors)
+from kvserve.backend.triton.model_tensors import (ChoiceTotals, choice_tensors, describe_tensors, engine_control_action,
+                                                  is_describe_request, parse_request, prompt_logprob_tensors,
+                                                  text_tensors)
 from kvserve.backend.triton.telemetry import EngineTelemetry, RequestLog
 from kvserve.observability.thread_names import name_this_thread
+from kvserve.seam import tensors as T
 from kvserve.seam.error_wire import ErrorKind, RequestError, WireError
 
 log = logging.getLogger("kvserve.backend")
@@ -139,8 +142,13 @@ class TritonLLMModel:
                 continue
             control = lora_control_text(request)
             if control is not None:  # a load reads files: off the thread that queues requests
-                threading.Thread(target=self._lora_control, args=(sender, control), name="kvserve-lora-control",
-                                 daemon=True).start()
+                threading.Thread(target=self._control, args=(sender, self._lora_control, control),
+                                 name="kvserve-lora-control", daemon=True).start()
+                continue
+            action = engine_control_action(request)
+            if action is not None:  # it waits for the engine thread: off the thread that queues requests
+                threading.Thread(target=self._control, args=(sender, self._engine_control, action),
+                                 name="kvserve-engine-control", daemon=True).start()
                 continue
             try:
                 parsed = parse_request(self.pb, request)
@@ -175,10 +183,11 @@ class TritonLLMModel:
         except Exception as exc:
             log.error("sending the model's description failed (%s)", type(exc).__name__)
 
-    def _lora_control(self, sender, order: str) -> None:
-        """A list, load or unload of LoRA adapters (seam.tensors.LORA_CONTROL_PARAM): one FINAL answer."""
+    def _control(self, sender, answer: Callable[[str], str], order: str) -> None:
+        """A control request (LoRA adapters: seam.tensors.LORA_CONTROL_PARAM, the engine:
+        ENGINE_CONTROL_PARAM): one FINAL answer, the text `answer` makes of its order, or its error."""
         try:
-            text = listing_text(self.lora.control(order))
+            text = answer(order)
         except Exception as exc:
             self._send_error(sender, _wire_error(exc))
             return
@@ -186,7 +195,16 @@ class TritonLLMModel:
             sender.send(self.pb.InferenceResponse(output_tensors=text_tensors(self.pb, text)),
                         flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:
-            log.error("sending a LoRA control answer failed (%s)", type(exc).__name__)
+            log.error("sending a control answer failed (%s)", type(exc).__name__)
+
+    def _lora_control(self, order: str) -> str:
+        return listing_text(self.lora.control(order))
+
+    def _engine_control(self, action: str) -> str:
+        if action not in T.ENGINE_ACTIONS:
+            raise RequestError(f"{T.ENGINE_CONTROL_PARAM}: action must be one of {', '.join(T.ENGINE_ACTIONS)}",
+                               T.ENGINE_CONTROL_PARAM)
+        return json.dumps({"action": action, "forgotten_blocks": self.engine.reset_prefix_cache()})
 
     def _exit_after_fatal(self, exc: BaseException) -> None:
         """The engine cannot step again: let the failed requests' responses go, then end the process

@@ -17,6 +17,7 @@ _EXPORTS = {
     "EmbedRequest": ".protocol",
     "EmbedResult": ".protocol",
     "EmbeddingBackend": ".protocol",
+    "EngineControl": ".protocol",
     "Fanout": ".fanout",
     "GenerateRequest": ".protocol",
     "LoRAAdapterInfo": ".protocol",

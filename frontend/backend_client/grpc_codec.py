@@ -78,6 +78,22 @@ def build_lora_control_request(model_name: str, action: str, lora_name: str | No
     return msg
 
 
+def build_engine_control_request(model_name: str, action: str) -> service_pb2.ModelInferRequest:
+    """Act on the engine (seam.tensors.ENGINE_CONTROL_PARAM): no inputs, one FINAL answer."""
+    msg = service_pb2.ModelInferRequest(model_name=model_name, id=f"kvserve-engine-{action}")
+    msg.parameters[T.ENGINE_CONTROL_PARAM].string_param = action
+    msg.parameters[EMPTY_FINAL_PARAM].bool_param = True
+    return msg
+
+
+def parse_engine_answer(resp: service_pb2.ModelInferResponse) -> dict[str, Any] | None:
+    """An engine control answer ({"action", "forgotten_blocks"}); None when the answer is not one."""
+    answer = _json_answer(resp)
+    if not isinstance(answer, dict) or not isinstance(answer.get("action"), str):
+        return None
+    return answer
+
+
 def _json_answer(resp: service_pb2.ModelInferResponse) -> Any:
     if not resp.outputs:
         return None

@@ -149,6 +149,14 @@ class LoRAControl(Protocol):
                            lora_path: str | None = None) -> list[LoRAAdapterInfo]: ...
 
 
+@runtime_checkable
+class EngineControl(Protocol):
+    """A backend that acts on its engines (seam.tensors.ENGINE_CONTROL_PARAM). Optional. Answers
+    {"action", "forgotten_blocks"}; a ReplicaSet acts on every replica and sums the blocks."""
+
+    async def engine_control(self, action: str) -> dict[str, Any]: ...
+
+
 @dataclass(slots=True)
 class EmbedRequest:
     """One /v1/embeddings call: every input in one backend request (the model batches them)."""

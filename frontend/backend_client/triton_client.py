@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_lora_control_request, build_request,
-                                                       classify_error, is_final, parse_lora_listing, parse_model_facts,
-                                                       parse_response)
+from kvserve.frontend.backend_client.grpc_codec import (build_describe_request, build_engine_control_request,
+                                                       build_lora_control_request, build_request, classify_error,
+                                                       is_final, parse_engine_answer, parse_lora_listing,
+                                                       parse_model_facts, parse_response)
 from kvserve.frontend.backend_client.protocol import (BackendFailed, BackendUnavailable, ChoiceDelta, GenerateRequest,
                                                      LoRAAdapterInfo, ModelFacts)
 from kvserve.frontend.backend_client.tracing_seam import GRPC_CANCELLED, GRPC_OK, start_client_span
@@ -57,6 +58,7 @@ _CHANNEL_OPTIONS = [
 ]
 _HEALTH_TIMEOUT_S = 2.0
 _LORA_TIMEOUT_S = 120.0  # a load reads and checks the adapter's files
+_ENGINE_CONTROL_TIMEOUT_S = 30.0  # it waits for the engine's step in progress (a long prefill)
 _CLOSE_GRACE_S = 1.0
 
 
@@ -111,26 +113,37 @@ class TritonBackendClient:
     async def lora_control(self, action: str, lora_name: str | None = None,
                            lora_path: str | None = None) -> list[LoRAAdapterInfo]:
         """One LoRA control request (seam.tensors.LORA_CONTROL_PARAM) on its own stream."""
-        stub = self._get_stub()
         request = build_lora_control_request(self._model, action, lora_name, lora_path)
+        return await self._control(request, _LORA_TIMEOUT_S if action == "load" else _HEALTH_TIMEOUT_S * 5,
+                                   parse_lora_listing, f"LoRA {action}", "manage LoRA adapters")
+
+    async def engine_control(self, action: str) -> dict[str, Any]:
+        """One engine control request (seam.tensors.ENGINE_CONTROL_PARAM) on its own stream."""
+        return await self._control(build_engine_control_request(self._model, action), _ENGINE_CONTROL_TIMEOUT_S,
+                                   parse_engine_answer, action, "take engine control requests")
+
+    async def _control(self, request: service_pb2.ModelInferRequest, timeout: float,
+                       parse: Callable[[service_pb2.ModelInferResponse], Any], what: str, ability: str) -> Any:
+        """A control request's one answer, as `parse` reads it; its refusal as the backend's error."""
+        stub = self._get_stub()
 
         async def outgoing() -> AsyncIterator[service_pb2.ModelInferRequest]:
             yield request
 
-        call = stub.ModelStreamInfer(outgoing(), timeout=_LORA_TIMEOUT_S if action == "load" else _HEALTH_TIMEOUT_S * 5)
+        call = stub.ModelStreamInfer(outgoing(), timeout=timeout)
         try:
             async for message in call:
                 if message.error_message:
                     raise classify_error(message.error_message)
-                adapters = parse_lora_listing(message.infer_response)
-                if adapters is None:
-                    raise BackendFailed("the backend's model does not manage LoRA adapters")
-                return adapters
+                answer = parse(message.infer_response)
+                if answer is None:
+                    raise BackendFailed(f"the backend's model does not {ability}")
+                return answer
         except grpc.aio.AioRpcError as exc:
-            raise BackendUnavailable(f"LoRA {action} failed: {exc.code().name}") from None
+            raise BackendUnavailable(f"{what} failed: {exc.code().name}") from None
         finally:
             call.cancel()
-        raise BackendUnavailable(f"LoRA {action}: no answer")
+        raise BackendUnavailable(f"{what}: no answer")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         stub = self._get_stub()

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a streaming client that reads nothing for this long has its request cancelled (its KV "
                         f"blocks freed) and the connection dropped (default {DEFAULT_WRITE_TIMEOUT_S:g})")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the embedded host")
+    p.add_argument("--server-dev-mode", action="store_true", default=os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
+                   help="mount POST /reset_prefix_cache, as vLLM does with VLLM_SERVER_DEV_MODE=1 (which sets "
+                        "this flag too): any client with a key can then empty the prefix cache")
     tools = p.add_argument_group("tool calling (same names as vLLM)")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='allow tool_choice "auto": the model decides, --tool-call-parser reads its calls')
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             # In front of remote backends without --enable-lora: learned from them (describe).
             enable_lora=True if args.enable_lora else (None if plan.remote else False),
             allow_runtime_lora_updating=bool(args.allow_runtime_lora_updating),
+            server_dev_mode=bool(args.server_dev_mode),
             chat_template=chat_template,
             log_requests=bool(args.log_requests),
             cors=cors_policy_from_args(args),

@@ -53,6 +53,7 @@ class GatewayConfig:
     # adapter's name. False: none are served; None: unknown (remote backends): learned by describe.
     enable_lora: bool | None = False
     allow_runtime_lora_updating: bool = False  # mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
+    server_dev_mode: bool = False  # mounts POST /reset_prefix_cache (vLLM's VLLM_SERVER_DEV_MODE)
     embedding_model_names: list[str] = field(default_factory=list)  # served by Gateway.embedder
     embedding_model_root: str | None = None
     embedding_max_model_len: int | None = None

@@ -1,21 +1,24 @@
 """The routes around generation: /v1/models, /health, /metrics, /version,
-/tokenize, /detokenize, /openapi.json."""
+/tokenize, /detokenize, /openapi.json, and /reset_prefix_cache (--server-dev-mode)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
 
-from kvserve.frontend.backend_client import LoRAAdapterInfo
+from kvserve.frontend.backend_client import BackendError, EngineControl, LoRAAdapterInfo
 from kvserve.frontend.http import GATEWAY, Gateway, read_json_body
 from kvserve.frontend.openai import fields as F
-from kvserve.frontend.openai.api_errors import backend_unavailable, bad_request, model_not_found, shutting_down
+from kvserve.frontend.openai.api_errors import (ApiError, backend_unavailable, bad_request, from_backend,
+                                               model_not_found, shutting_down)
 from kvserve.frontend.openai.api_requests import check_continuable, parse_messages, template_kwargs
 from kvserve.frontend.openai.handlers_openai import chat_prompt_ids
 from kvserve.frontend.openai.openapi import openapi_document
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+log = logging.getLogger("kvserve.frontend")
 
 
 def _replicas(gateway: Gateway) -> dict[str, int] | None:
@@ -97,6 +100,22 @@ async def metrics(request: web.Request) -> web.Response:
     if backend_text:
         text = text + ("" if text.endswith("\n") else "\n") + backend_text
     return web.Response(body=text.encode("utf-8"), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's dev-mode route: every engine forgets its cached prefixes, so the next requests
+    compute theirs afresh (a benchmark's cold run; new weights). Requests running now go on.
+    vLLM's answer: 200 with no body."""
+    gateway = request.app[GATEWAY]
+    await gateway.ensure_ready()
+    if not isinstance(gateway.backend, EngineControl):
+        raise ApiError(400, "this server's backend cannot reset its prefix cache", code="not_supported")
+    try:
+        answer = await gateway.backend.engine_control("reset_prefix_cache")
+    except BackendError as exc:
+        raise from_backend(exc, prompt_param="reset_prefix_cache") from None
+    log.info("prefix cache reset: %s cached blocks forgotten", answer.get("forgotten_blocks"))
+    return web.Response(status=200)
 
 
 async def version(request: web.Request) -> web.Response:

@@ -38,6 +38,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", misc.openapi, allow_head=False)
     app.router.add_post("/tokenize", misc.tokenize)
     app.router.add_post("/detokenize", misc.detokenize)
+    if app[GATEWAY].config.server_dev_mode:
+        app.router.add_post("/reset_prefix_cache", misc.reset_prefix_cache)
     if app[GATEWAY].config.allow_runtime_lora_updating:
         add_lora_routes(app)
 

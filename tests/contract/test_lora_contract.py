@@ -19,14 +19,8 @@ from kvserve.frontend.backend_client import grpc_codec as gateway_codec
 from kvserve.frontend.backend_client.protocol import GenerateRequest
 from kvserve.seam import tensors as T
 from kvserve.seam.error_wire import ErrorKind, RequestError
+from seam_requests import as_backend_request
 
-
-def _as_backend_request(msg):
-    """What the Triton model's request.parameters() gives for the gateway's ModelInferRequest."""
-    params = {}
-    for key, value in msg.parameters.items():
-        params[key] = value.string_param if value.WhichOneof("parameter_choice") == "string_param" else value.bool_param
-    return types.SimpleNamespace(parameters=lambda: json.dumps(params))
 
 
 class _Engine:
@@ -66,9 +60,9 @@ def test_the_adapter_name_crosses_as_the_parameter_both_sides_name() -> None:
     pb = types.SimpleNamespace(get_input_tensor_by_name=lambda request, name: (
         types.SimpleNamespace(as_numpy=lambda: __import__("numpy").array([b"hi"], dtype=object))
         if name == T.TEXT_INPUT else None))
-    parsed = backend_codec.parse_request(pb, _as_backend_request(msg))
+    parsed = backend_codec.parse_request(pb, as_backend_request(msg))
     assert parsed.lora_name == "sql"
-    base = backend_codec.parse_request(pb, _as_backend_request(
+    base = backend_codec.parse_request(pb, as_backend_request(
         gateway_codec.build_request("llm", GenerateRequest("r", "hi", {}))))
     assert base.lora_name is None
 
@@ -79,7 +73,7 @@ def test_control_requests_are_recognised_and_answers_read_back(action, name, pat
     adapters = _adapters()
     msg = gateway_codec.build_lora_control_request("llm", action, name, path)
     assert not msg.inputs
-    request = _as_backend_request(msg)
+    request = as_backend_request(msg)
     assert not backend_codec.is_describe_request(request)
     order = lora_control_text(request)
     assert order is not None
@@ -98,7 +92,7 @@ def test_control_requests_are_recognised_and_answers_read_back(action, name, pat
 
 def test_a_generate_request_is_not_a_control_request() -> None:
     msg = gateway_codec.build_request("llm", GenerateRequest("r", "hi", {}, lora_name="sql"))
-    assert lora_control_text(_as_backend_request(msg)) is None
+    assert lora_control_text(as_backend_request(msg)) is None
 
 
 def _refusal(adapters: LoRAAdapters, order: dict) -> tuple[ErrorKind, str]:

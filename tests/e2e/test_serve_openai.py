@@ -59,7 +59,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(llama_dir: str):
     args = ["--model", llama_dir, "--port", "0", "--served-model-name", MODEL, "--api-key", API_KEY,
-            "--max-num-seqs", "48", "--num-kv-blocks", "1024", "--log-format", "console"]
+            "--max-num-seqs", "48", "--num-kv-blocks", "1024", "--log-format", "console", "--server-dev-mode"]
     with kvserve_serve(args, timeout_s=240) as (proc, line):
         yield Served(proc, line.split()[3])
 
@@ -67,6 +67,22 @@ def served(llama_dir: str):
 def test_models_and_health(served: Served) -> None:
     assert [m.id for m in served.client().models.list().data] == [MODEL]
     assert served.get("/health")[0] == 200
+
+
+def test_reset_prefix_cache_makes_the_next_request_compute_its_prefix_again(served: Served) -> None:
+    client = served.client()
+    prompt = "The cache keeps the blocks of this prompt for the next request that shares them. " * 6
+
+    def cached_tokens() -> int:
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage.prompt_tokens_details.cached_tokens
+
+    cached_tokens()
+    assert cached_tokens() > 0
+    req = urllib.request.Request(served.url + "/reset_prefix_cache", data=b"", method="POST",
+                                 headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert (resp.status, resp.read()) == (200, b"")
+    assert cached_tokens() == 0
 
 
 def test_wrong_key_is_rejected(served: Served) -> None:

@@ -80,6 +80,7 @@ class FakeBackend:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     decode: object = None  # set to the tokenizer's decode so token prompts can steer too
     max_tokens_cap: int | None = None  # bound generation when a fuzzer asks for 2**31 tokens
+    engine_actions: list[str] = field(default_factory=list)  # engine control requests, in order
 
     async def ready(self) -> bool:
         return self.is_ready
@@ -92,6 +93,10 @@ class FakeBackend:
 
     async def describe(self):
         return None  # the gateway keeps what its flags say
+
+    async def engine_control(self, action: str) -> dict:
+        self.engine_actions.append(action)
+        return {"action": action, "forgotten_blocks": 3}
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ChoiceDelta]:
         self.requests.append(request)

@@ -30,10 +30,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from kvserve.frontend.backend_client.protocol import (BackendClient, BackendError, BackendRejected, BackendUnavailable, ChoiceDelta,
-                                                 GenerateRequest, LoRAAdapterInfo, LoRAControl, ModelFacts)
+                                                 EngineControl, GenerateRequest, LoRAAdapterInfo, LoRAControl, ModelFacts)
 from kvserve.frontend.backend_client.replicas.metrics_merge import merge_exposition
 from kvserve.frontend.backend_client.replicas.router_metrics import RouterMetrics
 from kvserve.frontend.backend_client.replicas.routing import RoutingPolicy, choose
@@ -338,6 +338,20 @@ class ReplicaSet:
             if isinstance(answer, BaseException):
                 raise answer
         return answers[0]  # type: ignore[return-value]
+
+    async def engine_control(self, action: str) -> dict[str, Any]:
+        """Applied to every ready replica (each runs its own engine); the blocks forgotten summed.
+        A replica that is out misses it, and keeps its cache when it comes back."""
+        replicas = [r for r in self._replicas if r.ready and isinstance(r.client, EngineControl)]
+        if not replicas:
+            raise BackendUnavailable("no ready replica")
+        answers = await asyncio.gather(
+            *(r.client.engine_control(action) for r in replicas), return_exceptions=True)  # type: ignore[attr-defined]
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        forgotten = sum(int(a.get("forgotten_blocks") or 0) for a in answers)  # type: ignore[union-attr]
+        return {"action": action, "forgotten_blocks": forgotten}
 
     # ---- metrics and shutdown ---------------------------------------------------------------
     async def metrics_text(self) -> str:

@@ -88,3 +88,41 @@ def test_step_listeners_get_frozen_stats_and_each_token_gap_once(llama_dir):
         assert seen[-1].generation_tokens_total == 6 and engine.stats().num_requests_running == 0
     finally:
         engine.shutdown()
+
+
+def test_reset_prefix_cache_runs_on_the_engine_thread_between_steps(llama_dir):
+    import itertools
+
+    from kvserve.backend.engine.async_engine import EngineClosed
+
+    engine = AsyncEngine(EngineConfig(model=llama_dir, max_model_len=512, block_size=16))
+    ids = itertools.count()
+    prompt = list(range(3, 70))  # four whole blocks and three tokens
+
+    def run(max_tokens: int) -> tuple[list, threading.Event, threading.Event]:
+        outs, started, done = [], threading.Event(), threading.Event()
+
+        def on_output(out) -> None:
+            outs.append(out)
+            started.set()
+            if out.finished:
+                done.set()
+
+        engine.add_request(f"r{next(ids)}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                   ignore_eos=True), on_output)
+        return outs, started, done
+
+    try:
+        outs, _, done = run(1)
+        assert done.wait(60)
+        long_outs, long_started, long_done = run(300)
+        assert long_started.wait(60)  # running (most likely still) while the reset comes in
+        assert engine.reset_prefix_cache(timeout=30) >= 4
+        assert long_done.wait(60) and long_outs[-1].error is None
+        assert sum(len(o.outputs[0].token_ids) for o in long_outs) == 300
+        outs, _, done = run(1)
+        assert done.wait(60) and outs[-1].num_cached_tokens == 0  # neither the first's nor the running one's
+    finally:
+        engine.shutdown()
+    with pytest.raises(EngineClosed):
+        engine.reset_prefix_cache()

@@ -119,3 +119,25 @@ def test_the_runner_block_table_follows_the_kv_manager_through_preemption_and_sh
     assert eng.scheduler.num_preemptions_total > 0 and eng.kv.prefix_hits > 0
     eng.step()  # an empty step still tells the runner who finished
     assert eng.runner.block_tables == {}
+
+
+def test_reset_forgets_every_prefix_while_a_running_request_goes_on(engines):
+    """vLLM's reset_prefix_cache: no later prompt reuses what was cached before it, a request
+    running across it keeps its blocks and its tokens, and caching works again afterwards."""
+    on, off = engines
+    prompt = _prompts(4 * BS, count=1, tail=5, seed=31)[0]
+    on.generate([prompt], GREEDY)
+    assert on.generate([prompt], GREEDY)[0].num_cached_tokens == 4 * BS
+    engine = on.engine
+    engine.add_request("across-the-reset", prompt, GREEDY)
+    tokens = [t for out in engine.step() + engine.step() for t in out.outputs[0].token_ids]
+    assert engine.has_unfinished() and 0 < len(tokens) < GREEDY.max_tokens
+    assert engine.reset_prefix_cache() >= 4
+    assert engine.kv.pool.cached == {}
+    while engine.has_unfinished():
+        tokens += [t for out in engine.step() for t in out.outputs[0].token_ids]
+    assert tokens == _tokens(off.generate([prompt], GREEDY))[0]
+    assert on.generate([prompt], GREEDY)[0].num_cached_tokens == 0  # nothing cached before the reset is hit
+    assert on.generate([prompt], GREEDY)[0].num_cached_tokens == 4 * BS  # and caching goes on
+    assert on.reset_prefix_cache() is True
+    assert engine.kv.num_free_blocks == engine.kv.num_usable_blocks

@@ -190,3 +190,25 @@ def test_non_decoupled_infer_is_refused(host):
     client = grpcclient.InferenceServerClient(host.grpc_url)
     with pytest.raises(InferenceServerException):
         client.infer("llm", _inputs("hi", {"max_tokens": 2}))
+
+
+def test_engine_control_resets_the_prefix_cache_and_refuses_unknown_actions(host):
+    from kvserve.frontend.backend_client import BackendRejected, TritonBackendClient
+    from kvserve.seam.error_wire import ErrorKind
+
+    async def main():
+        client = TritonBackendClient(host.grpc_url)
+        try:
+            answer = await client.engine_control("reset_prefix_cache")
+            with pytest.raises(BackendRejected) as info:
+                await client.engine_control("drop_weights")
+            return answer, info.value
+        finally:
+            await client.close()
+
+    prompt = "a prompt long enough to fill whole blocks of the cache " * 4
+    chunks, _, error = _stream(host.grpc_url, _inputs(prompt, {"max_tokens": 2}))
+    assert error is None and chunks
+    answer, refusal = asyncio.run(main())
+    assert answer["action"] == "reset_prefix_cache" and answer["forgotten_blocks"] > 0
+    assert refusal.kind is ErrorKind.INVALID and "reset_prefix_cache" in str(refusal)
