@@ -19,6 +19,16 @@ from kvserve.frontend.openai.openapi import openapi_document
 from gw_fakes import FakeBackend
 
 
+def test_engine_control_reaches_every_ready_replica() -> None:
+    async def body() -> None:
+        a, b = FakeBackend(name="a"), FakeBackend(name="b")
+        rs = ReplicaSet([a, b])
+        assert await rs.engine_control("reset_prefix_cache") == {"action": "reset_prefix_cache",
+                                                                  "forgotten_blocks": 6}  # 3 each, summed
+        assert a.engine_actions == b.engine_actions == ["reset_prefix_cache"]
+    asyncio.run(body())
+
+
 def test_least_loaded_replica_gets_the_request_and_failures_take_one_out() -> None:
     async def body() -> None:
         a, b = FakeBackend(name="a"), FakeBackend(name="b")
