@@ -119,6 +119,22 @@ class BackendMetrics:
         self._observe(m.REQUEST_DECODE_TIME, decode_s)
         self._observe(m.REQUEST_INFERENCE_TIME, inference_s)
 
+    def on_request_params(self, n: int, max_tokens: int | None, max_choice_tokens: int,
+                          time_per_output_token_s: float | None) -> None:
+        """A finished generation request's n and max_tokens, its longest choice's tokens, and its mean
+        time per output token after the first (None with fewer than two tokens)."""
+        self._observe(m.REQUEST_PARAMS_N, n)
+        self._observe(m.REQUEST_PARAMS_MAX_TOKENS, max_tokens)
+        self._observe(m.REQUEST_MAX_NUM_GENERATION_TOKENS, max_choice_tokens)
+        self._observe(m.REQUEST_TIME_PER_OUTPUT_TOKEN, time_per_output_token_s)
+
+    def on_cache_config(self, block_size: int, cache_dtype: str, enable_prefix_caching: bool, num_blocks: int) -> None:
+        """Once, when the engine has started: its KV cache's set-up (vLLM's cache_config_info)."""
+        if m.CACHE_CONFIG_INFO.name in self._families:
+            with self._lock:
+                self._get(m.CACHE_CONFIG_INFO, str(block_size), cache_dtype, str(enable_prefix_caching),
+                          str(num_blocks)).set(1)
+
     def on_iteration_tokens(self, tokens: int) -> None:
         """The tokens one engine step ran."""
         self._observe(m.ITERATION_TOKENS, tokens)

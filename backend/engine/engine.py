@@ -503,7 +503,9 @@ class LLMEngine:
             preemptions=sorted(t for r in reqs for t in r.times.preemptions),
             num_prompt_tokens=len(group.prompt_token_ids),
             num_generated_tokens=sum(r.num_output_tokens for r in reqs),
-            finish_reasons=list(group.finish_reasons), traceparent=group.traceparent)
+            finish_reasons=list(group.finish_reasons), traceparent=group.traceparent,
+            n=group.params.n, max_tokens=group.params.max_tokens,
+            max_choice_tokens=max((r.num_output_tokens for r in reqs), default=0))
 
     def _cached_tokens(self, group: _Group) -> int:
         return max(self.sequences[group.children[0]].request.num_cached_tokens, 0)

@@ -40,6 +40,9 @@ class RequestMetrics:
     num_generated_tokens: int
     finish_reasons: list[str]
     traceparent: str | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    max_choice_tokens: int = 0  # the longest choice's tokens (num_generated_tokens counts every choice)
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,6 +108,11 @@ class EngineTelemetry:
                 prefill_s=None if scheduled is None or first is None else first - scheduled,
                 decode_s=None if first is None else rm.finished - first,
                 inference_s=None if scheduled is None else rm.finished - scheduled)
+            after_first = rm.max_choice_tokens - 1
+            self.metrics.on_request_params(
+                rm.n, rm.max_tokens, rm.max_choice_tokens,
+                time_per_output_token_s=(rm.finished - first) / after_first if first is not None and after_first > 0
+                else None)
         attributes = {sc.GEN_AI_REQUEST_MODEL: self.model_name, sc.GEN_AI_USAGE_INPUT_TOKENS: rm.num_prompt_tokens,
                       sc.GEN_AI_USAGE_OUTPUT_TOKENS: rm.num_generated_tokens,
                       sc.KVSERVE_CACHED_TOKENS: out.num_cached_tokens}

@@ -93,6 +93,9 @@ class TritonLLMModel:
         self.telemetry = EngineTelemetry(metrics, self.config.model_name, max_loras)
         self.engine = AsyncEngine(self.config, [self.telemetry])
         self.engine.on_fatal = self._exit_after_fatal
+        if metrics is not None:
+            metrics.on_cache_config(self.config.block_size, self.config.kv_cache_dtype,
+                                    self.config.enable_prefix_caching, self.engine.engine.runner.num_blocks)
         self.lora = LoRAAdapters(self.engine, lora_settings, enabled=self.config.enable_lora,
                                  base_model_name=self.config.model_name)
         try:

@@ -38,6 +38,12 @@ DESIGN_NAMES = {
     "kvserve:request_prompt_tokens": m.MetricKind.HISTOGRAM,
     "kvserve:request_generation_tokens": m.MetricKind.HISTOGRAM,
     "kvserve:iteration_tokens_total": m.MetricKind.HISTOGRAM,  # vLLM's name
+    # vLLM's request parameters, per-request decode speed and cache_config_info
+    "kvserve:request_params_n": m.MetricKind.HISTOGRAM,
+    "kvserve:request_params_max_tokens": m.MetricKind.HISTOGRAM,
+    "kvserve:request_max_num_generation_tokens": m.MetricKind.HISTOGRAM,
+    "kvserve:request_time_per_output_token_seconds": m.MetricKind.HISTOGRAM,
+    "kvserve:cache_config_info": m.MetricKind.GAUGE,
     # speculative decoding (issue 32): vLLM's spec_decode counters
     "kvserve:spec_decode_num_drafts_total": m.MetricKind.COUNTER,
     "kvserve:spec_decode_num_draft_tokens_total": m.MetricKind.COUNTER,
@@ -156,6 +162,9 @@ def test_backend_metrics_through_pb_utils():
     rec.on_iteration_tokens(12)
     rec.on_iteration_tokens(1)
     rec.on_request_phases(40, 0, prefill_s=None, decode_s=None, inference_s=None)  # aborted while waiting
+    rec.on_request_params(2, 16, 9, time_per_output_token_s=0.05)
+    rec.on_request_params(1, 4, 1, time_per_output_token_s=None)  # one token: no time per output token
+    rec.on_cache_config(16, "auto", True, 1024)
 
     assert series(pb, "kvserve:num_requests_running").value == 4
     assert series(pb, "kvserve:num_requests_waiting").value == 0
@@ -190,6 +199,13 @@ def test_backend_metrics_through_pb_utils():
     assert series(pb, "kvserve:request_prefill_time_seconds").observations == [0.1]
     assert series(pb, "kvserve:request_decode_time_seconds").observations == [1.2]
     assert series(pb, "kvserve:request_inference_time_seconds").observations == [1.3]
+    assert series(pb, "kvserve:request_params_n").observations == [2, 1]
+    assert series(pb, "kvserve:request_params_n").buckets == list(m.REQUEST_N_BUCKETS)
+    assert series(pb, "kvserve:request_params_max_tokens").observations == [16, 4]
+    assert series(pb, "kvserve:request_max_num_generation_tokens").observations == [9, 1]
+    assert series(pb, "kvserve:request_time_per_output_token_seconds").observations == [0.05]
+    assert series(pb, "kvserve:cache_config_info", block_size="16", cache_dtype="auto", enable_prefix_caching="True",
+                  num_gpu_blocks="1024").value == 1
     steps = series(pb, "kvserve:iteration_tokens_total")
     assert steps.observations == [12, 1] and steps.buckets == list(m.ITERATION_TOKEN_BUCKETS)
 

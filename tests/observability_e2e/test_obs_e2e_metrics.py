@@ -17,7 +17,8 @@ BACKEND = ("kvserve:prompt_tokens_total", "kvserve:generation_tokens_total",
            "kvserve:request_prefill_time_seconds_count", "kvserve:request_decode_time_seconds_count",
            "kvserve:request_inference_time_seconds_count", "kvserve:request_prompt_tokens_count",
            "kvserve:request_prompt_tokens_sum", "kvserve:request_generation_tokens_sum",
-           "kvserve:iteration_tokens_total_sum")
+           "kvserve:iteration_tokens_total_sum", "kvserve:request_params_n_sum", "kvserve:request_params_max_tokens_sum",
+           "kvserve:request_max_num_generation_tokens_sum", "kvserve:request_time_per_output_token_seconds_count")
 
 
 def _snapshot(text: str) -> dict[tuple, float]:
@@ -67,6 +68,10 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
         # one request at a time: each prompt's uncached tokens (its first token comes of them),
         # then one token a step for each token after the first
         ("kvserve:iteration_tokens_total_sum",): prompt_tokens - cached + generated - n,
+        ("kvserve:request_params_n_sum",): n,
+        ("kvserve:request_params_max_tokens_sum",): sum(w[1] for w in WORKLOAD),
+        ("kvserve:request_max_num_generation_tokens_sum",): generated,
+        ("kvserve:request_time_per_output_token_seconds_count",): n,  # each made more than one token
         ("http", "200"): n,
         ("http", "400"): 1,
         ("http", "404"): 1,
@@ -88,3 +93,5 @@ def test_counters_and_histograms_match_a_known_workload(traced_server: Server) -
     assert text.index("# TYPE kvserve:http_requests_total") < text.index("# TYPE kvserve:prompt_tokens_total")
     assert text.count("# TYPE kvserve:prompt_tokens_total") == 1
     assert "_created" not in text  # no creation-time gauge beside each counter and histogram
+    info = next(line for line in text.splitlines() if line.startswith("kvserve:cache_config_info{"))
+    assert 'block_size="16"' in info and 'num_gpu_blocks="9"' in info and info.endswith(" 1")  # as configured
