@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend.openai import fields as F
+from kvserve.frontend.openai.beam.beam_request import beam_length_penalty
 from kvserve.frontend.openai.api_errors import bad_request, not_supported
 # The engine's limits: the gateway checks them first, to answer in the client's field names.
 from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
@@ -43,6 +44,7 @@ class CommonRequest:
     add_special_tokens: bool | None
     # vLLM's: the response's id (after "chatcmpl-"/"cmpl-") unless X-Request-Id names one
     request_id: str | None = None
+    beam_length_penalty: float | None = None  # vLLM's use_beam_search (with its length_penalty); None: off
 
 
 @dataclass(slots=True)
@@ -110,6 +112,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "tokens_as_ids": bool(F.opt_bool(body, "return_tokens_as_token_ids")),
         "add_special_tokens": F.opt_bool(body, "add_special_tokens"),
         "request_id": F.opt_str(body, "request_id", max_len=256, allow_empty=False),
+        "beam_length_penalty": beam_length_penalty(body, sampling, constraint is not None),
     }
 
 
@@ -117,7 +120,6 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
 # ordinary output where the client asked for constrained or differently decoded output, so
 # each is refused when set to anything but its default (None, false, empty).
 _VLLM_UNSUPPORTED = {
-    "use_beam_search": "beam search",
     "logits_processors": "custom logits processors",
     "kv_transfer_params": "KV transfer between instances (disaggregated prefill)",
     "prompt_embeds": "prompt embeddings",
@@ -251,6 +253,9 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None,
         if common["constraint_param"] is not None:
             raise bad_request(f"'tool_choice' {tools.choice!r} cannot be combined with "
                               f"'{common['constraint_param']}'", param="tool_choice")
+        if common["beam_length_penalty"] is not None:
+            raise bad_request(f"'tool_choice' {tools.choice!r} cannot be combined with 'use_beam_search'",
+                              param="tool_choice")
         common["sampling"][CONSTRAINT_FIELD] = forced
         common["constraint_param"] = "tools"
     messages = parse_messages(body.get("messages"))

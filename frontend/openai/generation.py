@@ -18,8 +18,8 @@ from typing import Any, AsyncIterator, Protocol
 
 from aiohttp import web
 
-from kvserve.frontend.backend_client import (BackendError, BackendFailed, BackendUnavailable, ChoiceDelta, Fanout,
-                                             GenerateRequest, annotate_request, annotate_response)
+from kvserve.frontend.backend_client import (BackendClient, BackendError, BackendFailed, BackendUnavailable,
+                                             ChoiceDelta, Fanout, GenerateRequest, annotate_request, annotate_response)
 from kvserve.frontend.http import Gateway, SseWriter, request_id, request_span
 from kvserve.frontend.openai.api_errors import ApiError, from_backend
 from kvserve.frontend.openai.logprobs_format import (TextOffsets, TokenText, completion_logprobs,
@@ -60,6 +60,7 @@ class Call:
     # vLLM's return_token_ids: each prompt's token ids (the response lists them, and each choice's)
     prompt_token_ids: list[list[int]] | None = None
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    backend: BackendClient | None = None  # who runs the call's requests (beam search); None: the gateway's backend
 
     @property
     def prompt_param(self) -> str:
@@ -137,7 +138,7 @@ def _api_error(gateway: Gateway, call: Call, exc: Exception) -> ApiError:
 
 
 @contextlib.asynccontextmanager
-async def _fanout(gateway: Gateway, subs: list[GenerateRequest], request: web.Request | None = None,
+async def _fanout(gateway: Gateway, call: Call, subs: list[GenerateRequest], request: web.Request | None = None,
                   ) -> AsyncIterator[Fanout]:
     """A Fanout the gateway knows about while it runs: graceful shutdown waits
     for `gateway.active` to empty and aborts what is left at its deadline.
@@ -153,7 +154,7 @@ async def _fanout(gateway: Gateway, subs: list[GenerateRequest], request: web.Re
             request.transport.abort()  # a write blocked on the full socket fails now
 
     cap = gateway.config.max_stream_buffer_bytes if request is not None else None
-    async with Fanout(gateway.backend, subs, max_buffered_bytes=cap,
+    async with Fanout(call.backend or gateway.backend, subs, max_buffered_bytes=cap,
                       on_overflow=drop_client if request is not None else None) as fan:
         gateway.active.add(fan)
         try:
@@ -198,7 +199,7 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
             state.text_offsets = TextOffsets(len(text))
     usage = Usage()
     try:
-        async with _fanout(gateway, subs) as fan:
+        async with _fanout(gateway, call, subs) as fan:
             async for prompt_index, delta in fan:
                 usage.observe(prompt_index, delta)
                 delta = _received(gateway, call, choices, prompt_index, delta)
@@ -260,7 +261,7 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
     choices = _choices(call, len(subs))
     parsers = {s.index: _parser(call) for s in choices} if call.parses_tool_calls else None
     usage = Usage()
-    async with _fanout(gateway, subs, request) as fan:
+    async with _fanout(gateway, call, subs, request) as fan:
         try:
             await fan.prefetch()
         except BackendError as exc:

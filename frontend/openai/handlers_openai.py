@@ -14,6 +14,7 @@ from kvserve.frontend.http import (GATEWAY, Gateway, effective_cache_salt, read_
                                    request_tenant, response_id)
 from kvserve.frontend.openai.api_errors import ApiError, bad_request
 from kvserve.frontend.openai.api_requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
+from kvserve.frontend.openai.beam.beam_search import BeamSearchBackend
 from kvserve.frontend.openai.chat_template import ChatTemplateError, render_chat
 from kvserve.frontend.openai.generation import Call, respond
 from kvserve.frontend.openai.tools import ToolRequest, render_messages
@@ -76,6 +77,13 @@ def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
         sampling["cache_salt"] = salt
 
 
+def _beam_search(gateway: Gateway, req: CompletionRequest | ChatRequest) -> BeamSearchBackend | None:
+    """The call's backend when it asks for vLLM's beam search (run here, over the engine)."""
+    if req.beam_length_penalty is None:
+        return None
+    return BeamSearchBackend(gateway.backend, gateway.require_tokenizer(), req.beam_length_penalty)
+
+
 # Triton request ids are always fresh uuids: the engine keys its requests by id, so an id the
 # client chose (X-Request-Id, `request_id`) names only the response (response_id) and the logs.
 def subrequests(request: web.Request, rid: str, prompts: list, sampling: dict, stream: bool,
@@ -115,7 +123,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 constraint_param=req.constraint_param, prompt_logprobs=req.prompt_logprobs is not None,
                 echo_only=req.echo_only,
                 prompt_token_ids=await _prompt_ids(gateway, req) if req.return_token_ids else None,
-                tokens_as_ids=req.tokens_as_ids)
+                tokens_as_ids=req.tokens_as_ids, backend=_beam_search(gateway, req))
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 
@@ -183,6 +191,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     call = Call(response_id("chatcmpl", rid, req.request_id), int(time.time()), model, req.n, chat=True,
                 logprobs=req.logprobs, include_usage=req.include_usage, echo_texts=echo_texts,
                 constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None,
-                prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids)
+                prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids,
+                backend=_beam_search(gateway, req))
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

@@ -85,6 +85,24 @@ def test_reset_prefix_cache_makes_the_next_request_compute_its_prefix_again(serv
     assert cached_tokens() == 0
 
 
+def test_beam_search_equals_transformers_beam_search(served: Served, llama_dir: str) -> None:
+    """vLLM's use_beam_search, against transformers' generate(num_beams=...) on the same weights:
+    with no end-of-sequence and no length penalty both keep the best beams by summed logprob."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    prompt = [1, 57, 301, 12, 88]
+    body = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 6, "use_beam_search": True, "ignore_eos": True,
+            "length_penalty": 0.0, "return_token_ids": True}
+    out = served.post("/v1/completions", body)
+    ours = [c["token_ids"] for c in out["choices"]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=3, max_new_tokens=6,
+                             min_new_tokens=6, do_sample=False, length_penalty=0.0, pad_token_id=0)
+    assert ours == [seq[len(prompt):].tolist() for seq in ref]
+    assert [c["finish_reason"] for c in out["choices"]] == ["length"] * 3 and out["usage"]["completion_tokens"] == 18
+
+
 def test_wrong_key_is_rejected(served: Served) -> None:
     with pytest.raises(openai.AuthenticationError):
         served.client("sk-wrong").completions.create(model=MODEL, prompt="hi", max_tokens=2)

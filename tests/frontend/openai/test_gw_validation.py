@@ -101,7 +101,7 @@ def test_unsupported_chat_features() -> None:
 
 @pytest.mark.parametrize("field, value", [
     ("guided_decoding_backend", "outlines"), ("guided_whitespace_pattern", " *"),
-    ("use_beam_search", True), ("logits_processors", ["my.Processor"]), ("kv_transfer_params", {"a": 1}),
+    ("logits_processors", ["my.Processor"]), ("kv_transfer_params", {"a": 1}),
     ("prompt_embeds", "AAAA"), ("vllm_xargs", {"k": 1}), ("mm_processor_kwargs", {"k": 1})])
 def test_vllm_extensions_this_server_lacks_are_refused_not_ignored(field, value) -> None:
     # Ignored, they would return ordinary output where the client asked for constrained output.
