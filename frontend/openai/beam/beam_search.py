@@ -58,8 +58,9 @@ class BeamSearchBackend:
         width = int(s.get("n", 1))
         prompt = (request.prompt if isinstance(request.prompt, list)
                   else await self._tokenizer.encode_async(request.prompt, add_special_tokens=True))
-        step_sampling = {"n": 1, "max_tokens": 1, "logprobs": 2 * width, "ignore_eos": True,
-                         **{k: s[k] for k in _PASSED_ON if k in s}}
+        # 2n candidates a beam (n of them could end); more top logprobs only when the client asks more
+        step_sampling = {"n": 1, "max_tokens": 1, "logprobs": max(2 * width, int(s.get("logprobs") or 0)),
+                         "ignore_eos": True, **{k: s[k] for k in _PASSED_ON if k in s}}
         stops = frozenset() if s.get("ignore_eos") else self._tokenizer.eos_token_ids
         live, ended = [_Beam()], []
         cached = 0
@@ -71,7 +72,7 @@ class BeamSearchBackend:
                 cached = tops[0][1]
             grown = []
             for beam, (top, _) in zip(live, tops):
-                for alt in top:
+                for alt in top[:2 * width]:
                     child = _Beam(beam.tokens + [alt.token_id], beam.cum_logprob + alt.logprob,
                                   beam.logprobs + [TokenLogprob(alt.token_id, alt.logprob, top)],
                                   ended=alt.token_id in stops)

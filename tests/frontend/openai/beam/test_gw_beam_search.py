@@ -80,6 +80,18 @@ def test_logprobs_are_each_tokens_with_the_steps_top() -> None:
     assert [t.token_id for t in first[0].top_logprobs] == [1]  # the step's best, as many as asked
 
 
+def test_more_logprobs_than_the_search_needs_are_asked_for_and_listed() -> None:
+    out = _search({"max_tokens": 1, "ignore_eos": True, "logprobs": 5})
+    assert len(out[0].logprobs[0].top_logprobs) == 2  # all the toy model has after the prompt
+    model = ToyModel()
+
+    async def run():
+        backend = BeamSearchBackend(model, Tokens(), 1.0)
+        return [d async for d in backend.generate(GenerateRequest("r", [0], {"n": 1, "max_tokens": 1, "logprobs": 5}))]
+    asyncio.run(run())
+    assert model.requests[0].sampling["logprobs"] == 5
+
+
 def test_each_step_asks_one_token_of_every_live_beam_with_twice_the_width_of_logprobs() -> None:
     model = ToyModel()
     backend = BeamSearchBackend(model, Tokens(), 1.0)
