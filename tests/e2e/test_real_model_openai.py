@@ -189,3 +189,18 @@ def test_return_token_ids_are_the_ids_the_engine_read_and_wrote(client) -> None:
                                           extra_body={"return_token_ids": True}).model_dump()
     assert chat["prompt_token_ids"] == _tokenize(client, messages=FRANCE)
     assert len(chat["choices"][0]["token_ids"]) == chat["usage"]["completion_tokens"]
+
+
+def test_beam_search_on_the_real_model(client) -> None:
+    """vLLM's use_beam_search on SmolLM2's chat: the best beam answers, beams come best first and
+    differ, and one that ended with the end of the turn says stop without the end token."""
+    out = _chat(client, FRANCE, n=2, max_tokens=12, extra_body={"use_beam_search": True, "logprobs": True}).model_dump()
+    first, second = out["choices"]
+    assert "Paris" in first["message"]["content"] and first["message"]["content"] != second["message"]["content"]
+    assert [first["index"], second["index"]] == [0, 1]
+    assert all(c["finish_reason"] in ("stop", "length") and c["logprobs"]["content"] for c in out["choices"])
+    assert "<|im_end|>" not in first["message"]["content"]
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        model=MODEL, messages=FRANCE, max_tokens=12, stream=True, extra_body={"use_beam_search": True})
+        if chunk.choices and chunk.choices[0].index == 0)
+    assert streamed == _chat(client, FRANCE, max_tokens=12, extra_body={"use_beam_search": True}).choices[0].message.content
