@@ -96,6 +96,11 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
                                    "description": "vLLM extension: read only the prompt's last N tokens "
                                                   "(-1: as many as fit beside max_tokens)"},
         "request_id": _request_id(),
+        "use_beam_search": {**_bool(), "description": "vLLM extension: n (at most 10) is the beam width; the choices "
+                                                      "are the best n beams. Sampling fields it would ignore are refused"},
+        "length_penalty": {"type": "number", "nullable": True,
+                           "description": "vLLM extension, with use_beam_search: a beam's summed logprob is divided by "
+                                          "its length to this power (default 1)"},
     }
 
 
