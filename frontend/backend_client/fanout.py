@@ -130,6 +130,11 @@ class Fanout:
             pending.discard(got[0])
             self._buffer.append(got)
 
+    @property
+    def prefetched(self) -> list[tuple[int, ChoiceDelta]]:
+        """The deltas prefetch() took and iteration has not yet handed out."""
+        return list(self._buffer)
+
     async def __aiter__(self) -> AsyncIterator[tuple[int, ChoiceDelta]]:
         while self._buffer:
             yield self._buffer.pop(0)

@@ -33,6 +33,7 @@ class CommonRequest:
     n: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # vLLM's stream_options.continuous_usage_stats: every chunk has the usage so far
     sampling: dict[str, Any]
     user: str | None
     constraint_param: str | None  # the field a structured-output constraint came from
@@ -80,8 +81,10 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         # As OpenAI and vLLM answer it: the options of a stream that was not asked for.
         raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     include_usage = (options or {}).get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise bad_request("'stream_options.include_usage' must be a boolean", param="stream_options")
+    continuous = (options or {}).get("continuous_usage_stats")  # vLLM's: usage so far in every chunk
+    for value, name in ((include_usage, "include_usage"), (continuous, "continuous_usage_stats")):
+        if value is not None and not isinstance(value, bool):
+            raise bad_request(f"'stream_options.{name}' must be a boolean", param="stream_options")
     _check_unimplemented_extensions(body, chat=chat)
     constraint = parse_constraint(body)
     if not chat and (body.get("tools") or body.get("functions")):
@@ -104,6 +107,7 @@ def _common(body: dict[str, Any], vocab_size: int | None, *, chat: bool) -> dict
         "n": n,
         "stream": stream,
         "include_usage": bool(include_usage),
+        "continuous_usage": bool(include_usage and continuous),  # as vLLM: only with include_usage
         "sampling": sampling,
         "user": F.opt_str(body, "user", max_len=256),
         "constraint_param": constraint.param if constraint is not None else None,

@@ -61,6 +61,7 @@ class Call:
     prompt_token_ids: list[list[int]] | None = None
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     backend: BackendClient | None = None  # who runs the call's requests (beam search); None: the gateway's backend
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage so far
 
     @property
     def prompt_param(self) -> str:
@@ -173,7 +174,8 @@ async def respond(request: web.Request, gateway: Gateway, call: Call, subs: list
     """The OpenAI routes: chat.completion / text_completion bodies and chunks."""
     annotate_call(call, subs)
     if stream:
-        return await stream_call(request, gateway, call, subs, ChunkShaper(call))
+        usage = Usage()
+        return await stream_call(request, gateway, call, subs, ChunkShaper(call, usage), usage)
     choices, usage = await collect(gateway, call, subs)
     build = chat_body if call.chat else completion_body
     body = build(call.rid, call.created, call.model, choices, usage, call.logprobs)
@@ -255,17 +257,20 @@ def _read_tool_calls(call: Call, state: ChoiceState) -> None:
 
 
 async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: list[GenerateRequest],
-                      shaper: StreamShaper) -> web.StreamResponse:
+                      shaper: StreamShaper, usage: Usage | None = None) -> web.StreamResponse:
     """Stream the call through `shaper`. An error before the first delta is raised (a real HTTP
-    status, in the route's error shape); one after the headers went out goes to `shaper.failed`."""
+    status, in the route's error shape); one after the headers went out goes to `shaper.failed`.
+    `usage`: the call's usage as the deltas tell it, for a shaper that reads it as it goes."""
     choices = _choices(call, len(subs))
     parsers = {s.index: _parser(call) for s in choices} if call.parses_tool_calls else None
-    usage = Usage()
+    usage = Usage() if usage is None else usage
     async with _fanout(gateway, call, subs, request) as fan:
         try:
             await fan.prefetch()
         except BackendError as exc:
             raise _api_error(gateway, call, exc) from None
+        for prompt_index, delta in fan.prefetched:  # the prompts' sizes, before the opening chunks
+            usage.observe(prompt_index, delta)
         writer = await SseWriter.open(request, {"X-Request-Id": request_id()},
                                       write_timeout=gateway.config.write_timeout, name=call.rid)
         gateway.metrics.stream_started()
@@ -318,17 +323,23 @@ def _tool_deltas(events: list[Event]) -> list[dict]:
 class ChunkShaper:
     """OpenAI's chunks: `chat.completion.chunk` or `text_completion`, then `data: [DONE]`."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, usage: Usage) -> None:
         self.call = call
+        self.usage = usage  # stream_call's, as the deltas so far tell it
         self.chunks = ChunkFactory(call.rid, call.created, call.model, call.include_usage)
         # completions' echo with logprobs: choices whose echo waits for the prompt's logprobs,
         # which come with the first delta (the echo then heads that delta's chunk, as vLLM's does)
         self.echo_due: set[int] = set()
         self.ids_started: set[int] = set()  # return_token_ids: choices whose prompt ids went out
 
-    def _ids(self, chunk: dict[str, Any], state: ChoiceState) -> dict[str, Any]:
-        """vLLM's return_token_ids in chunks: each carries the ids received since the choice's last
-        chunk; the prompt's ids go with the first chunk (chat: once; completions: per choice)."""
+    def _extras(self, chunk: dict[str, Any], state: ChoiceState) -> dict[str, Any]:
+        """vLLM's additions to a choice's chunk. return_token_ids: each carries the ids received since
+        the choice's last chunk; the prompt's ids go with the first chunk (chat: once; completions: per choice).
+        With continuous_usage_stats, the choice's usage so far too (every chunk of a choice passes here)."""
+        if self.call.continuous_usage:
+            prompt_tokens = self.usage.prompt_tokens.get(state.index // self.call.n, 0)
+            chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": state.completion_tokens,
+                              "total_tokens": prompt_tokens + state.completion_tokens}
         if self.call.prompt_token_ids is None:
             return chunk
         choice = chunk["choices"][0]
@@ -345,10 +356,10 @@ class ChunkShaper:
     async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None:
         for state in choices:  # the opening chunk of each choice
             if self.call.chat:
-                await writer.send(self._ids(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None,
+                await writer.send(self._extras(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None,
                                                              None), state))
                 if self.call.echo_texts is not None:  # as vLLM: the echo is a delta of its own, before any token
-                    await writer.send(self._ids(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]},
+                    await writer.send(self._extras(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]},
                                                                  None, None), state))
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
@@ -356,7 +367,7 @@ class ChunkShaper:
                 if self.call.logprobs:
                     self.echo_due.add(state.index)
                 else:
-                    await writer.send(self._ids(self.chunks.completion(state.index, text, None, None), state))
+                    await writer.send(self._extras(self.chunks.completion(state.index, text, None, None), state))
 
     async def delta(self, writer: SseWriter, state: ChoiceState, text: str, logprobs: Any,
                     finish_reason: str | None, events: list[Event] | None) -> None:
@@ -371,9 +382,9 @@ class ChunkShaper:
             return  # nothing to tell the client (e.g. text held back for a stop string)
         if self.call.chat:
             body = {"content": text} if text or not finish_reason else {}
-            await writer.send(self._ids(self.chunks.chat(state.index, body, logprobs, finish_reason), state))
+            await writer.send(self._extras(self.chunks.chat(state.index, body, logprobs, finish_reason), state))
         else:
-            await writer.send(self._ids(self.chunks.completion(state.index, text, logprobs, finish_reason), state))
+            await writer.send(self._extras(self.chunks.completion(state.index, text, logprobs, finish_reason), state))
 
     async def _tool_deltas(self, writer: SseWriter, state: ChoiceState, events: list[Event], logprobs: Any,
                            finish_reason: str | None) -> None:
@@ -381,9 +392,9 @@ class ChunkShaper:
         if logprobs is not None and not deltas and not finish_reason:
             deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
         for i, body in enumerate(deltas):
-            await writer.send(self._ids(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None), state))
+            await writer.send(self._extras(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None), state))
         if finish_reason:
-            await writer.send(self._ids(self.chunks.chat(state.index, {}, None if deltas else logprobs,
+            await writer.send(self._extras(self.chunks.chat(state.index, {}, None if deltas else logprobs,
                                                          state.finish_reason), state))
 
     async def failed(self, writer: SseWriter, error: ApiError) -> None:

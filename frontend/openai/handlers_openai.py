@@ -123,7 +123,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 constraint_param=req.constraint_param, prompt_logprobs=req.prompt_logprobs is not None,
                 echo_only=req.echo_only,
                 prompt_token_ids=await _prompt_ids(gateway, req) if req.return_token_ids else None,
-                tokens_as_ids=req.tokens_as_ids, backend=_beam_search(gateway, req))
+                tokens_as_ids=req.tokens_as_ids, backend=_beam_search(gateway, req),
+                continuous_usage=req.continuous_usage)
     subs = subrequests(request, rid, req.prompts, req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)
 
@@ -192,6 +193,6 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                 logprobs=req.logprobs, include_usage=req.include_usage, echo_texts=echo_texts,
                 constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None,
                 prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids,
-                backend=_beam_search(gateway, req))
+                backend=_beam_search(gateway, req), continuous_usage=req.continuous_usage)
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

@@ -67,7 +67,9 @@ def _sampling_props(token_id: dict[str, Any]) -> dict[str, Any]:
         "user": {"type": "string", "maxLength": 256, "nullable": True},
         "stream": _bool(),
         "stream_options": {"type": "object", "nullable": True, "description": "only with stream: true (a 400 otherwise)",
-                           "properties": {"include_usage": _bool()}},
+                           "properties": {"include_usage": _bool(), "continuous_usage_stats": {
+                               **_bool(), "description": "vLLM extension, with include_usage: usage so far in "
+                                                         "every chunk"}}},
         "response_format": {"type": "object", "nullable": True, "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
             "json_schema": {"type": "object", "required": ["schema"], "description": "with type json_schema",

@@ -290,3 +290,24 @@ def test_response_ids_take_the_clients_id_as_vllm_does_and_engine_ids_stay_uniqu
     unsafe = post(f"{server.url}/v1/completions", {"prompt": "x", "max_tokens": 1}, headers={"X-Request-Id": "a b"})
     assert unsafe.json()["id"].startswith("cmpl-") and "a b" not in unsafe.json()["id"]  # an unsafe one is not taken
     assert post(f"{server.url}/v1/completions", {"prompt": "x", "request_id": ""}).status == 400
+
+
+def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(client) -> None:
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "one two three"}], max_tokens=3, n=2, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = list(stream)
+    *choice_chunks, last = chunks
+    assert not last.choices and last.usage.completion_tokens == 6  # the whole, as ever
+    prompt = last.usage.prompt_tokens
+    so_far: dict[int, list[int]] = {}
+    for chunk in choice_chunks:
+        assert chunk.usage.prompt_tokens == prompt  # the opening chunks too: the prompt was counted first
+        assert chunk.usage.total_tokens == prompt + chunk.usage.completion_tokens
+        so_far.setdefault(chunk.choices[0].index, []).append(chunk.usage.completion_tokens)
+    assert {i: counts[-1] for i, counts in so_far.items()} == {0: 3, 1: 3}
+    assert all(counts == sorted(counts) and counts[0] == 0 for counts in so_far.values())
+    plain = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True,
+        stream_options={"include_usage": True}))
+    assert all(chunk.usage is None for chunk in plain[:-1])  # without it, as OpenAI: only the last
