@@ -16,6 +16,7 @@ MAX_PROMPT_TOKENS = 1 << 20  # input_ids elements
 # attribute (the OTLP exporter fails the whole batch), a protobuf int64 or a torch seed.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_LORA_NAME_CHARS = 256  # a LoRA adapter's name (--lora-modules, load_lora_adapter, a request's model)
+MAX_PREDICTION_CHARS = 1 << 16  # a chat's predicted output (OpenAI's `prediction`), in characters
 MAX_EMBEDDING_INPUTS = 2048  # inputs of one /v1/embeddings request (OpenAI's limit); a model may allow fewer
 
 

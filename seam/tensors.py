@@ -70,4 +70,5 @@ SAMPLING_FIELDS = frozenset({
     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
     "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "bad_words",
     "truncate_prompt_tokens", "skip_special_tokens", "cache_salt", "timeout", "priority", "structured_outputs",
+    "prediction",
 })

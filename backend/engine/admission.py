@@ -64,7 +64,7 @@ def precheck(prompt: str | list[int], params: SamplingParams, limits: PromptLimi
 def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
           encode: Callable[..., list[int]]) -> AdmittedPrompt:
     """Validate a prompt against the model (RequestError names the field) and tokenize it (with
-    `encode(text)`; bad words with `encode(word, add_special_tokens=False)`)."""
+    `encode(text)`; bad words and a predicted output with `encode(word, add_special_tokens=False)`)."""
     precheck(prompt, params, limits)
     if isinstance(prompt, str):
         ids = encode(prompt)
@@ -82,6 +82,8 @@ def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
     _check_length(len(ids), params, limits)
     if params.bad_words:
         params.tokenize_bad_words(encode)
+    if params.prediction:
+        params.prediction_token_ids = encode(params.prediction, add_special_tokens=False)
     return AdmittedPrompt(ids, text)
 
 

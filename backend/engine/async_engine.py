@@ -196,7 +196,8 @@ class AsyncEngine:
                 raise invalid("request_id", "a request with this id is already in flight")
             self._pending[request_id] = False
         item = _Add(request_id, None, params, callback, traceparent, arrival, lora=lora_request)
-        if isinstance(prompt, str) and len(prompt) > LONG_TEXT_CHARS:
+        long_prompt = isinstance(prompt, str) and len(prompt) > LONG_TEXT_CHARS
+        if long_prompt or len(params.prediction or "") > LONG_TEXT_CHARS:  # not on the caller's thread
             self._tokenize_pool.submit(self._admit, item, prompt)
             return
         try:
@@ -223,8 +224,8 @@ class AsyncEngine:
         """LoRAError(not_found) if unknown."""
         return self.engine.resolve_lora(lora_name)
 
-    def _admit(self, item: _Add, prompt: str) -> None:
-        """On the tokenizer pool: admit a long prompt, unless it was aborted while it waited."""
+    def _admit(self, item: _Add, prompt: str | list[int]) -> None:
+        """On the tokenizer pool: admit a long prompt (or prediction), unless it was aborted while it waited."""
         try:
             with self._lock:
                 aborted = self._pending.get(item.request_id, True)

@@ -12,7 +12,8 @@ from typing import Any, Callable
 from kvserve.backend.structured import GrammarSpec, parse_spec
 from kvserve.seam.error_wire import invalid
 from kvserve.seam.limits import (DEFAULT_MAX_TOKENS, INT64_MAX, INT64_MIN, MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS,
-                                 MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
+                                 MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_PREDICTION_CHARS, MAX_STOP,
+                                 MAX_STOP_CHARS, MAX_TIMEOUT_S)
 
 
 @dataclass(slots=True)
@@ -53,9 +54,14 @@ class SamplingParams:
     priority: int = 0
     # vLLM's StructuredOutputsParams ({"json": schema} | {"regex": ...} | ...): see structured/spec.py
     structured_outputs: dict[str, Any] | None = None
+    # OpenAI's predicted output: text the reply is expected to repeat much of (a file being edited).
+    # It never changes what is generated; with speculative decoding (ngram or suffix) the speculator
+    # proposes from it. Admission tokenizes it into `prediction_token_ids`.
+    prediction: str | None = None
     grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)  # set at admission
     allowed_index: Any = field(default=None, init=False, repr=False)  # allowed_token_ids as the sampler's tensor
+    prediction_token_ids: list[int] = field(default_factory=list, init=False, repr=False)  # set at admission
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -121,6 +127,9 @@ class SamplingParams:
             _float_in("timeout", self.timeout, 0.0, MAX_TIMEOUT_S, low_open=True)
         if not _is_int(self.priority) or not INT64_MIN <= self.priority <= INT64_MAX:
             raise invalid("priority", "must be an integer that fits in an int64")
+        if self.prediction is not None and (not isinstance(self.prediction, str)
+                                            or len(self.prediction) > MAX_PREDICTION_CHARS):
+            raise invalid("prediction", f"must be a string of at most {MAX_PREDICTION_CHARS} characters")
         if self.structured_outputs is not None:
             self.grammar = parse_spec(self.structured_outputs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):

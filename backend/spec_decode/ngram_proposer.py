@@ -32,6 +32,32 @@ def propose_ngram(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
     return []
 
 
+# Realigning on a predicted output after the reply left it: the longest of the reply's last tokens
+# (at most this many, at least two: one token recurs everywhere) found in the prediction.
+_REALIGN_MAX_N, _REALIGN_MIN_N = 8, 2
+
+
+def propose_from_prediction(prediction: np.ndarray, output: np.ndarray, k: int) -> list[int]:
+    """Up to k tokens of a predicted output (OpenAI's `prediction`) that should come next.
+
+    While the reply follows the prediction, what follows in it. Once the reply departs from it (an
+    edit), the place in the prediction where the reply's latest tokens recur, nearest to where the
+    reply would be had it kept to the prediction (edits seldom move text far), and what follows
+    there; [] when they do not recur."""
+    done = len(output)
+    if k <= 0:
+        return []
+    if done <= len(prediction) and np.array_equal(prediction[:done], output):
+        return prediction[done:done + k].tolist()
+    for n in range(min(_REALIGN_MAX_N, done, len(prediction) - 1), _REALIGN_MIN_N - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(prediction[:-1], n)  # each followed by a token
+        hits = np.flatnonzero((windows == output[done - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[np.argmin(np.abs(hits - (done - n)))]) + n
+            return prediction[start:start + k].tolist()
+    return []
+
+
 class NgramProposer:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n

@@ -10,8 +10,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvserve.backend.spec_decode.draft_model import DraftModel
-from kvserve.backend.spec_decode.ngram_proposer import NgramProposer
+from kvserve.backend.spec_decode.ngram_proposer import NgramProposer, propose_from_prediction
 from kvserve.backend.spec_decode.spec_config import SpeculativeConfig
 from kvserve.backend.spec_decode.spec_policy import Grant, LoadPolicy
 from kvserve.backend.spec_decode.suffix_proposer import SuffixProposer
@@ -222,6 +224,11 @@ class Speculator:
         k = min(k, self.max_model_len - req.num_tokens)
         if k <= 0:
             return []
+        if params.prediction_token_ids and self.draft is None:  # a draft model's proposals are its own
+            predicted = propose_from_prediction(np.asarray(params.prediction_token_ids, dtype=np.int64),
+                                                np.asarray(req.output_token_ids, dtype=np.int64), k)
+            if predicted:  # else the reply left the prediction: the method's own guess
+                return predicted
         return self.proposer.propose(req, k)
 
     def record(self, request_id: str, num_draft_tokens: int, num_accepted: int) -> None:

@@ -18,8 +18,8 @@ from kvserve.frontend.openai.api_errors import bad_request, not_supported
 from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
 from kvserve.frontend.openai.structured_request import parse_constraint
 from kvserve.frontend.openai.tools import ToolRequest, ToolSettings, parse_tools, tool_constraint
-from kvserve.seam.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
-                                 MAX_TIMEOUT_S)
+from kvserve.seam.limits import (MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_N, MAX_PREDICTION_CHARS,
+                                 MAX_STOP, MAX_STOP_CHARS, MAX_TIMEOUT_S)
 
 MAX_PROMPTS = 256
 MAX_CHOICES = 1024
@@ -263,6 +263,11 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None,
         common["sampling"][CONSTRAINT_FIELD] = forced
         common["constraint_param"] = "tools"
     messages = parse_messages(body.get("messages"))
+    prediction = _prediction(body)
+    if prediction is not None:
+        if common["beam_length_penalty"] is not None:  # beam search proposes nothing
+            raise bad_request("'prediction' cannot be combined with 'use_beam_search'", param="prediction")
+        common["sampling"]["prediction"] = prediction
     logprobs = bool(F.opt_bool(body, "logprobs"))
     top_logprobs = F.opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top_logprobs is not None and not logprobs:
@@ -290,6 +295,25 @@ def parse_chat(body: dict[str, Any], vocab_size: int | None,
     if logprobs:
         req.sampling["logprobs"] = req.top_logprobs
     return req
+
+
+def _prediction(body: dict[str, Any]) -> str | None:
+    """OpenAI's predicted output: {"type": "content", "content": text or text parts}, as text."""
+    value = body.get("prediction")
+    if value is None:
+        return None
+    content = value.get("content") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise bad_request("'prediction' must be {\"type\": \"content\", \"content\": ...}", param="prediction")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise bad_request("'prediction.content' must be a string or a list of text parts", param="prediction")
+    if len(content) > MAX_PREDICTION_CHARS:
+        raise bad_request(f"'prediction.content' must be at most {MAX_PREDICTION_CHARS} characters",
+                          param="prediction")
+    return content or None
 
 
 def check_continuable(messages: list[dict[str, Any]], add_generation_prompt: bool | None) -> None:

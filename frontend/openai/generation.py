@@ -30,6 +30,7 @@ from kvserve.frontend.openai.responses import (
     Usage,
     apply_delta,
     chat_body,
+    compare_prediction,
     completion_body,
     finish_with_tools,
     tool_call_json,
@@ -62,6 +63,7 @@ class Call:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
     backend: BackendClient | None = None  # who runs the call's requests (beam search); None: the gateway's backend
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage so far
+    prediction_ids: list[int] | None = None  # OpenAI's predicted output, tokenized: usage compares the reply to it
 
     @property
     def prompt_param(self) -> str:
@@ -96,7 +98,7 @@ class StreamShaper(Protocol):
 
 
 def _choices(call: Call, num_prompts: int) -> list[ChoiceState]:
-    ids = call.prompt_token_ids is not None
+    ids = call.prompt_token_ids is not None or call.prediction_ids is not None
     return [ChoiceState(index=i, token_ids=[] if ids else None) for i in range(num_prompts * call.n)]
 
 
@@ -212,6 +214,8 @@ async def collect(gateway: Gateway, call: Call, subs: list[GenerateRequest]) -> 
     if call.parses_tool_calls:
         for state in choices:
             _read_tool_calls(call, state)
+    if call.prediction_ids is not None:
+        await compare_prediction(usage, call.prediction_ids, choices)
     annotate_response(request_span(), usage.body(choices), [c.finish_reason for c in choices])
     return choices, usage
 
@@ -297,6 +301,8 @@ async def stream_call(request: web.Request, gateway: Gateway, call: Call, subs: 
                 # Headers are gone already: the error travels inside the stream.
                 await shaper.failed(writer, _api_error(gateway, call, exc))
                 return writer.response
+            if call.prediction_ids is not None:
+                await compare_prediction(usage, call.prediction_ids, choices)
             await shaper.closing(writer, choices, usage)
         except ConnectionError:
             pass  # the client went away; leaving the `async with` cancels the backend requests

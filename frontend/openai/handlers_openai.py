@@ -77,6 +77,14 @@ def _apply_tenant_salt(gateway: Gateway, sampling: dict) -> None:
         sampling["cache_salt"] = salt
 
 
+async def _prediction_ids(gateway: Gateway, req: ChatRequest) -> list[int] | None:
+    """The predicted output as the engine tokenizes it (usage compares the reply's tokens to it)."""
+    text = req.sampling.get("prediction")
+    if text is None:
+        return None
+    return await gateway.require_tokenizer().encode_async(text, add_special_tokens=False)
+
+
 def _beam_search(gateway: Gateway, req: CompletionRequest | ChatRequest) -> BeamSearchBackend | None:
     """The call's backend when it asks for vLLM's beam search (run here, over the engine)."""
     if req.beam_length_penalty is None:
@@ -193,6 +201,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                 logprobs=req.logprobs, include_usage=req.include_usage, echo_texts=echo_texts,
                 constraint_param=req.constraint_param, tools=req.tools, prompt_logprobs=req.prompt_logprobs is not None,
                 prompt_token_ids=[ids] if req.return_token_ids else None, tokens_as_ids=req.tokens_as_ids,
-                backend=_beam_search(gateway, req), continuous_usage=req.continuous_usage)
+                backend=_beam_search(gateway, req), continuous_usage=req.continuous_usage,
+                prediction_ids=await _prediction_ids(gateway, req))
     subs = subrequests(request, rid, [ids], req.sampling, req.stream, gateway.lora_of(model))
     return await respond(request, gateway, call, subs, req.stream)

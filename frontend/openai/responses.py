@@ -5,7 +5,9 @@ for SSE. Shapes follow the public API reference: `text_completion`,
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Any
 
 from kvserve.frontend.backend_client import ChoiceDelta, TokenLogprob
@@ -39,6 +41,8 @@ class ChoiceState:
 class Usage:
     prompt_tokens: dict[int, int] = field(default_factory=dict)  # per prompt: counted once, not per choice
     cached_tokens: dict[int, int] = field(default_factory=dict)
+    # OpenAI's completion_tokens_details of a predicted output (compare_prediction); None: no prediction
+    prediction: dict[str, int] | None = None
 
     def observe(self, prompt_index: int, delta: ChoiceDelta) -> None:
         if delta.prompt_tokens:
@@ -54,7 +58,22 @@ class Usage:
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(self.cached_tokens.values())},
+            **({} if self.prediction is None else {"completion_tokens_details": dict(self.prediction)}),
         }
+
+
+async def compare_prediction(usage: Usage, prediction: list[int], choices: list[ChoiceState]) -> None:
+    """OpenAI's accepted_prediction_tokens (the prediction's tokens that appear in the reply, in
+    order: difflib's matching blocks) and rejected_prediction_tokens (the rest), over every choice.
+    On a thread: matching two long sequences of few distinct tokens takes most of a second."""
+    outputs = [c.token_ids or [] for c in choices]
+
+    def count() -> dict[str, int]:
+        accepted = sum(block.size for out in outputs
+                       for block in SequenceMatcher(None, prediction, out, autojunk=False).get_matching_blocks())
+        return {"accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": len(prediction) * len(outputs) - accepted}
+    usage.prediction = await asyncio.to_thread(count)
 
 
 def apply_delta(state: ChoiceState, delta: ChoiceDelta, *, chat: bool, token_text: TokenText,

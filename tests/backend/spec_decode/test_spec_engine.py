@@ -215,3 +215,35 @@ def test_seeded_sampling_keeps_the_target_distribution(llama_dir):
     for position in (1, 2, 3):
         stat, df = _two_sample_chi2([t[position] for t in without], [t[position] for t in with_spec])
         assert df >= 3 and stat < _chi2_critical(df), (position, stat, df)
+
+
+@METHODS
+def test_a_predicted_output_is_proposed_and_never_changes_the_output(spec_config, llama_dir):
+    """OpenAI's predicted outputs: the prediction is what the speculator proposes from, so a right
+    one is accepted nearly whole, an edited one after it realigns, and the output is plain decoding's.
+    (The random model's text does not survive tokenizing again, so these give the ids admission
+    would make of a prediction's text; test_admission_tokenizes_a_prediction checks that part.)"""
+    base, spec = _engines(llama_dir, spec_config, enable_prefix_caching=False)
+    prompt = "Rewrite: the quick brown fox"
+    plain = base.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    edited = plain[:12] + [7, 8, 9] + plain[15:]
+    # each step emits its accepted proposals and one token of its own: 4 of 5 at most with ngram here
+    for prediction, least in ((plain, len(plain) * 2 // 3), (edited, len(plain) // 2), ([5] * 30, 0)):
+        before = spec.engine.speculator.counters.num_accepted_tokens
+        params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+        params.prediction_token_ids = list(prediction)
+        assert spec.generate([prompt], params)[0].outputs[0].token_ids == plain
+        accepted = spec.engine.speculator.counters.num_accepted_tokens - before
+        assert accepted >= least, (prediction, accepted)
+    assert _all_free(spec)
+
+
+def test_admission_tokenizes_a_prediction(llama_dir):
+    from kvserve.backend.engine.admission import admit
+
+    base, _ = _engines(llama_dir)
+    params = SamplingParams(max_tokens=4, prediction="the cat sat on the mat")
+    admit("a prompt", params, base.engine.limits, base.get_tokenizer().encode)
+    assert params.prediction_token_ids == base.get_tokenizer().encode("the cat sat on the mat", add_special_tokens=False)
+    with pytest.raises(ValueError, match="prediction"):
+        SamplingParams(prediction="x" * (1 << 16 + 1))

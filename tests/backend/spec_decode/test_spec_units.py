@@ -79,6 +79,21 @@ def _one_hot_logits(best: list[int], vocab: int = 8) -> torch.Tensor:
     return logits
 
 
+def test_a_prediction_is_proposed_while_the_output_follows_it_and_realigned_after_an_edit():
+    from kvserve.backend.spec_decode.ngram_proposer import propose_from_prediction
+    pred = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
+    assert propose_from_prediction(pred, np.array([], dtype=np.int64), 3) == [10, 11, 12]
+    assert propose_from_prediction(pred, np.array([10, 11]), 4) == [12, 13, 14, 15]
+    assert propose_from_prediction(pred, pred, 4) == []  # all of it came: nothing left to propose
+    # an edit: 12 became 99 and 98; the reply took up the prediction again at 13 14
+    assert propose_from_prediction(pred, np.array([10, 11, 99, 98, 13, 14]), 3) == [15, 16, 17]
+    assert propose_from_prediction(pred, np.array([10, 11, 99, 98]), 3) == []  # off it: nothing recurs
+    # of two places the reply's end recurs, the one nearest to where the reply has got to
+    twice = np.array([1, 2, 3, 7, 8, 1, 2, 3, 9, 9])
+    assert propose_from_prediction(twice, np.array([5, 5, 5, 5, 6, 2, 3]), 2) == [9, 9]
+    assert propose_from_prediction(twice, np.array([6, 2, 3]), 2) == [7, 8]
+
+
 def test_greedy_accepts_the_prefix_equal_to_the_argmax_plus_one():
     logits = _one_hot_logits([3, 4, 5, 6])
     assert verify_proposals(logits, [3, 4, 5], True, None) == [3, 4, 5, 6]  # all accepted + bonus

@@ -311,3 +311,36 @@ def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(cli
         model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True,
         stream_options={"include_usage": True}))
     assert all(chunk.usage is None for chunk in plain[:-1])  # without it, as OpenAI: only the last
+
+
+def test_a_predicted_output_goes_to_the_engine_and_usage_compares_the_reply_to_it(client, server) -> None:
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+    out = client.chat.completions.create(prediction={"type": "content", "content": "alpha beta gamma"}, **chat)
+    assert server.backend.requests[-1].sampling["prediction"] == "alpha beta gamma"
+    details = out.usage.completion_tokens_details
+    # the fake's ids are not the tokenizer's: nothing of the prediction is in the reply's ids
+    predicted = len(server.tokenizer.encode("alpha beta gamma", add_special_tokens=False))
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (0, predicted)
+    parts = client.chat.completions.create(
+        prediction={"type": "content", "content": [{"type": "text", "text": "alpha "}, {"type": "text", "text": "beta"}]},
+        stream=True, stream_options={"include_usage": True}, **chat)
+    assert list(parts)[-1].usage.completion_tokens_details.rejected_prediction_tokens > 0
+    assert server.backend.requests[-1].sampling["prediction"] == "alpha beta"
+    assert client.chat.completions.create(**chat).usage.completion_tokens_details is None  # no prediction, no details
+    for bad in ({"type": "text", "content": "x"}, {"type": "content", "content": 5}, "x"):
+        assert post(f"{server.url}/v1/chat/completions", {**chat, "prediction": bad}).json()["error"]["param"] == "prediction"
+    both = post(f"{server.url}/v1/chat/completions", {**chat, "use_beam_search": True,
+                                                     "prediction": {"type": "content", "content": "x"}})
+    assert both.status == 400 and both.json()["error"]["param"] == "prediction"
+
+
+def test_usage_counts_the_predicted_tokens_the_reply_kept_in_order() -> None:
+    import asyncio
+
+    from kvserve.frontend.openai.responses import ChoiceState, Usage, compare_prediction
+    usage = Usage()
+    choices = [ChoiceState(0, token_ids=[1, 2, 9, 3, 4]), ChoiceState(1, token_ids=[4, 3, 2, 1])]
+    asyncio.run(compare_prediction(usage, [1, 2, 3, 4], choices))
+    # the first kept 1 2 3 4 in order (9 was an insertion); the reversed second keeps one in order
+    assert usage.prediction == {"accepted_prediction_tokens": 4 + 1, "rejected_prediction_tokens": 0 + 3}
+    assert usage.body(choices)["completion_tokens_details"] == usage.prediction
