@@ -321,9 +321,9 @@ def test_a_predicted_output_goes_to_the_engine_and_usage_compares_the_reply_to_i
     # the fake's ids are not the tokenizer's: nothing of the prediction is in the reply's ids
     predicted = len(server.tokenizer.encode("alpha beta gamma", add_special_tokens=False))
     assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (0, predicted)
-    parts = client.chat.completions.create(
-        prediction={"type": "content", "content": [{"type": "text", "text": "alpha "}, {"type": "text", "text": "beta"}]},
-        stream=True, stream_options={"include_usage": True}, **chat)
+    text_parts = [{"type": "text", "text": "alpha "}, {"type": "text", "text": "beta"}]
+    parts = client.chat.completions.create(prediction={"type": "content", "content": text_parts}, stream=True,
+                                           stream_options={"include_usage": True}, **chat)
     assert list(parts)[-1].usage.completion_tokens_details.rejected_prediction_tokens > 0
     assert server.backend.requests[-1].sampling["prediction"] == "alpha beta"
     assert client.chat.completions.create(**chat).usage.completion_tokens_details is None  # no prediction, no details
