@@ -14,7 +14,7 @@ from kvserve.frontend.openai.scoring.score_openapi import RERANK_PATHS, SCORE_PA
 from kvserve.frontend.openai.tools import MAX_TOOLS
 from kvserve.seam.limits import (
     MAX_ALLOWED_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_N, MAX_STOP, MAX_STOP_CHARS,
-    MAX_TIMEOUT_S,
+    MAX_PREDICTION_CHARS, MAX_TIMEOUT_S,
 )
 from kvserve.seam.limits import MAX_EMBEDDING_INPUTS
 
@@ -203,6 +203,12 @@ def _schemas(vocab_size: int | None) -> dict[str, Any]:
             "chat_template_kwargs": {"type": "object", "nullable": True,
                                      "description": "vLLM extension: more chat template variables"},
             "echo": {**_bool(), "description": "vLLM extension: a final assistant message heads the reply"},
+            "prediction": {"type": "object", "nullable": True, "required": ["type", "content"], "properties": {
+                "type": {"type": "string", "enum": ["content"]},
+                "content": {"oneOf": [{"type": "string", "maxLength": MAX_PREDICTION_CHARS},
+                                      {"type": "array", "items": {"type": "object", "required": ["type", "text"]}}]}},
+                "description": "Predicted Outputs: text the reply likely repeats; speculative decoding proposes "
+                               "from it (never changes the reply)"},
             "documents": {"type": "array", "nullable": True, "items": {"type": "object", "additionalProperties": {"type": "string"}},
                           "description": "vLLM extension: passages for a RAG chat template"},
             **_tool_props(),
