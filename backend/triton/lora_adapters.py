@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.backend.triton.model_tensors import request_parameter
 from kvserve.seam import tensors as T
 from kvserve.seam.error_wire import ErrorKind, RequestError
 from kvserve.seam.limits import MAX_LORA_NAME_CHARS
@@ -202,10 +203,7 @@ def _lora_error(exc: Exception, param: str) -> RequestError:
 
 def lora_control_text(request) -> str | None:
     """The control order of a control request (seam.tensors.LORA_CONTROL_PARAM), else None."""
-    try:
-        value = json.loads(request.parameters() or "{}").get(T.LORA_CONTROL_PARAM)
-    except (AttributeError, json.JSONDecodeError, TypeError):
-        return None
+    value = request_parameter(request, T.LORA_CONTROL_PARAM)
     return value if isinstance(value, str) else None
 
 

@@ -105,20 +105,22 @@ def parse_request(pb_utils, request) -> ParsedRequest:
     return ParsedRequest(prompt, params, bool(stream) if stream is not None else True, traceparent, lora_name)
 
 
+def request_parameter(request, name: str):
+    """A Triton request's parameter `name` (request.parameters() is JSON), else None."""
+    try:
+        return json.loads(request.parameters() or "{}").get(name)
+    except (AttributeError, json.JSONDecodeError, TypeError):
+        return None
+
+
 def is_describe_request(request) -> bool:
     """The gateway asking what this model serves (seam.tensors.DESCRIBE_PARAM), not a prompt."""
-    try:
-        return json.loads(request.parameters() or "{}").get(T.DESCRIBE_PARAM) is True
-    except (AttributeError, json.JSONDecodeError, TypeError):
-        return False
+    return request_parameter(request, T.DESCRIBE_PARAM) is True
 
 
 def engine_control_action(request) -> str | None:
     """The action of an engine control request (seam.tensors.ENGINE_CONTROL_PARAM), else None."""
-    try:
-        value = json.loads(request.parameters() or "{}").get(T.ENGINE_CONTROL_PARAM)
-    except (AttributeError, json.JSONDecodeError, TypeError):
-        return None
+    value = request_parameter(request, T.ENGINE_CONTROL_PARAM)
     return value if isinstance(value, str) else None
 
 

@@ -7,7 +7,6 @@ totals since the last step, so the engine itself never knows a metric name.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -15,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from kvserve.backend.engine import EngineStats, RequestOutput
+from kvserve.backend.triton.model_tensors import request_parameter
 from kvserve.observability import semconv as sc
 from kvserve.observability.logging import log_requests_enabled, request_context
 from kvserve.observability.request_spans import RequestTimeline, record_request_spans
@@ -127,10 +127,7 @@ class EngineTelemetry:
 
 
 def _string_parameter(request, name: str) -> str | None:
-    try:
-        value = json.loads(request.parameters() or "{}").get(name)
-    except (AttributeError, json.JSONDecodeError, TypeError):
-        return None
+    value = request_parameter(request, name)
     return value[:128] if isinstance(value, str) and value else None
 
 
