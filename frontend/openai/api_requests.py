@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.frontend.openai import fields as F
-from kvserve.frontend.openai.beam.beam_request import beam_length_penalty
 from kvserve.frontend.openai.api_errors import bad_request, not_supported
+from kvserve.frontend.openai.beam.beam_request import beam_length_penalty
 # The engine's limits: the gateway checks them first, to answer in the client's field names.
 from kvserve.frontend.openai.structured_request import FIELD as CONSTRAINT_FIELD
 from kvserve.frontend.openai.structured_request import parse_constraint

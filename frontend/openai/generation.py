@@ -339,9 +339,9 @@ class ChunkShaper:
         self.ids_started: set[int] = set()  # return_token_ids: choices whose prompt ids went out
 
     def _extras(self, chunk: dict[str, Any], state: ChoiceState) -> dict[str, Any]:
-        """vLLM's additions to a choice's chunk. return_token_ids: each carries the ids received since
-        the choice's last chunk; the prompt's ids go with the first chunk (chat: once; completions: per choice).
-        With continuous_usage_stats, the choice's usage so far too (every chunk of a choice passes here)."""
+        """vLLM's additions to a choice's chunk (every chunk of a choice passes here). return_token_ids:
+        each carries the ids received since the choice's last chunk; the prompt's ids go with the
+        first chunk (chat: once; completions: per choice). continuous_usage_stats: the choice's usage so far."""
         if self.call.continuous_usage:
             prompt_tokens = self.usage.prompt_tokens.get(state.index // self.call.n, 0)
             chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": state.completion_tokens,
@@ -362,11 +362,11 @@ class ChunkShaper:
     async def opening(self, writer: SseWriter, choices: list[ChoiceState]) -> None:
         for state in choices:  # the opening chunk of each choice
             if self.call.chat:
-                await writer.send(self._extras(self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None,
-                                                             None), state))
+                opening = self.chunks.chat(state.index, {"role": "assistant", "content": ""}, None, None)
+                await writer.send(self._extras(opening, state))
                 if self.call.echo_texts is not None:  # as vLLM: the echo is a delta of its own, before any token
-                    await writer.send(self._extras(self.chunks.chat(state.index, {"content": self.call.echo_texts[0]},
-                                                                 None, None), state))
+                    echo = self.chunks.chat(state.index, {"content": self.call.echo_texts[0]}, None, None)
+                    await writer.send(self._extras(echo, state))
             elif self.call.echo_texts is not None:
                 text = self.call.echo_texts[state.index // self.call.n]
                 state.text_offsets = TextOffsets(len(text))
@@ -398,10 +398,11 @@ class ChunkShaper:
         if logprobs is not None and not deltas and not finish_reason:
             deltas = [{}]  # the logprobs of text the parser holds back still go out with this delta
         for i, body in enumerate(deltas):
-            await writer.send(self._extras(self.chunks.chat(state.index, body, logprobs if i == 0 else None, None), state))
+            chunk = self.chunks.chat(state.index, body, logprobs if i == 0 else None, None)
+            await writer.send(self._extras(chunk, state))
         if finish_reason:
-            await writer.send(self._extras(self.chunks.chat(state.index, {}, None if deltas else logprobs,
-                                                         state.finish_reason), state))
+            chunk = self.chunks.chat(state.index, {}, None if deltas else logprobs, state.finish_reason)
+            await writer.send(self._extras(chunk, state))
 
     async def failed(self, writer: SseWriter, error: ApiError) -> None:
         await writer.send(error.body())
