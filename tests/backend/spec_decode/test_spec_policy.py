@@ -183,7 +183,7 @@ def test_the_speculator_skips_the_proposer_and_explores_now_and_then(monkeypatch
     calls = []
     speculator.proposer = SimpleNamespace(sync=lambda running: None,
                                           propose=lambda req, k: calls.append(req.request_id) or [7] * k)
-    params = SimpleNamespace(max_tokens=None)
+    params = SimpleNamespace(max_tokens=None, prediction_token_ids=[])  # what the speculator reads
     running = [SimpleNamespace(request_id=f"r{i}", num_tokens=100, num_computed_tokens=99, num_output_tokens=10,
                                sampling_params=params, spec_token_ids=[]) for i in range(16)]
     granted = []
@@ -209,7 +209,7 @@ def test_a_step_that_runs_a_prompt_chunk_verifies_no_proposals():
         spec.proposer = SimpleNamespace(sync=lambda running: None, propose=lambda req, k: [7] * k)
         return spec
 
-    params = SimpleNamespace(max_tokens=None)
+    params = SimpleNamespace(max_tokens=None, prediction_token_ids=[])  # what the speculator reads
     decoding = SimpleNamespace(request_id="d", num_tokens=100, num_computed_tokens=99, num_output_tokens=10,
                                sampling_params=params, spec_token_ids=[])
     prompt = SimpleNamespace(request_id="p", num_tokens=300, num_computed_tokens=0, num_output_tokens=0,
@@ -240,8 +240,9 @@ def test_unverified_first_proposals_are_checked_against_what_the_step_emitted():
     speculator.policy = _costed(0.030, 0.008, rate=0.2, plain=lambda n: 0.030 * n, explore_every=10**9)
     assert speculator.policy.acceptance.method_rate == pytest.approx(0.2, abs=0.01)
     speculator.proposer = SimpleNamespace(sync=lambda running: None, propose=lambda req, k: [7] * k)
-    req = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3], output_token_ids=[4],
-                          sampling_params=SimpleNamespace(max_tokens=None), spec_token_ids=[])
+    params = SimpleNamespace(max_tokens=None, prediction_token_ids=[])  # what the speculator reads
+    req = SimpleNamespace(request_id="r", prompt_token_ids=[1, 2, 3], output_token_ids=[4], sampling_params=params,
+                          spec_token_ids=[])
     req.num_tokens, req.num_output_tokens = 4, 1
     granted_at = None
     for step in range(200):
