@@ -38,7 +38,10 @@ def test_default_json_lines_share_ids_and_never_hold_the_prompt(traced_server: S
         assert record["request_id"] == rid and record["trace_id"] == trace_id, record
     by_event = {r["event"]: r for r in mine if r["logger"] == "kvserve.backend.requests"}
     assert set(by_event) == {"request queued", "request finished"}, mine
-    assert by_event["request queued"]["engine_request_id"].startswith(response_id)
+    assert response_id == f"chatcmpl-{rid}"  # as vLLM names it: the client's X-Request-Id
+    # the engine's own id (a client's id need not be unique), linked to the response by request_id
+    assert by_event["request queued"]["engine_request_id"].startswith("chatcmpl-")
+    assert rid not in by_event["request queued"]["engine_request_id"]
     assert by_event["request finished"]["completion_tokens"] == 6
     assert by_event["request finished"]["finish_reason"] == "length"
     assert "prompt" not in by_event["request queued"]
