@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from kvserve.backend.engine.sampling_params import SamplingParams
 from kvserve.seam.error_wire import ErrorKind, RequestError, invalid
 from kvserve.seam.limits import kept_prompt_tokens
@@ -83,7 +85,7 @@ def admit(prompt: str | list[int], params: SamplingParams, limits: PromptLimits,
     if params.bad_words:
         params.tokenize_bad_words(encode)
     if params.prediction:
-        params.prediction_token_ids = encode(params.prediction, add_special_tokens=False)
+        params.prediction_token_ids = np.asarray(encode(params.prediction, add_special_tokens=False), dtype=np.int64)
     return AdmittedPrompt(ids, text)
 
 

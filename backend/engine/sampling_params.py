@@ -61,7 +61,8 @@ class SamplingParams:
     grammar: GrammarSpec | None = field(default=None, init=False, repr=False)  # structured_outputs, checked
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)  # set at admission
     allowed_index: Any = field(default=None, init=False, repr=False)  # allowed_token_ids as the sampler's tensor
-    prediction_token_ids: list[int] = field(default_factory=list, init=False, repr=False)  # set at admission
+    # set at admission, as the array the speculator reads at every step (not converted again each time)
+    prediction_token_ids: Any = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

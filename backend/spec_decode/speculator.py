@@ -224,7 +224,7 @@ class Speculator:
         k = min(k, self.max_model_len - req.num_tokens)
         if k <= 0:
             return []
-        if params.prediction_token_ids and self.draft is None:  # a draft model's proposals are its own
+        if len(params.prediction_token_ids) and self.draft is None:  # a draft model's proposals are its own
             predicted = propose_from_prediction(np.asarray(params.prediction_token_ids, dtype=np.int64),
                                                 np.asarray(req.output_token_ids, dtype=np.int64), k)
             if predicted:  # else the reply left the prediction: the method's own guess

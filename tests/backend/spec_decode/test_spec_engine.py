@@ -244,6 +244,7 @@ def test_admission_tokenizes_a_prediction(llama_dir):
     base, _ = _engines(llama_dir)
     params = SamplingParams(max_tokens=4, prediction="the cat sat on the mat")
     admit("a prompt", params, base.engine.limits, base.get_tokenizer().encode)
-    assert params.prediction_token_ids == base.get_tokenizer().encode("the cat sat on the mat", add_special_tokens=False)
+    expected = base.get_tokenizer().encode("the cat sat on the mat", add_special_tokens=False)
+    assert params.prediction_token_ids.tolist() == expected
     with pytest.raises(ValueError, match="prediction"):
         SamplingParams(prediction="x" * (1 << 16 + 1))
